@@ -1,0 +1,319 @@
+"""The privet ClientApp: budget handshake, local DP training, local evaluation.
+
+Every handler answers with an error reply (never an exception) when it cannot or must
+not do the work: a malformed node config, or a request that would take the client past
+its privacy budget (reason prefixed ``budget-exhausted``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp
+
+from client.ledger_store import load_ledger, store_ledger
+from client.profile import ClientProfile, resolve_profile
+from client.uploads import encode_upload
+from client.personalization import personalize_for_evaluation, train_personalized
+from client.training import (
+    LocalTrainingConfig,
+    dpsgd_sample_rate,
+    dpsgd_steps_per_round,
+    train_dpsgd,
+    train_non_private,
+    train_update_dp,
+)
+from privacy.calibration import noise_multiplier_for
+from privacy.exceptions import PrivacyBudgetExhausted
+from privacy.ledger import PrivacyLedger
+from privacy.policy import MIN_USABLE_FRACTION, is_spent
+from strategies import keys
+from tasks.datasets import ArrayDataset, load_dataset
+from tasks.models import build_model, evaluate, get_weights, set_weights
+from tasks.partition import client_data
+
+log = logging.getLogger("privet.client")
+
+ERROR_CONFIG = 4001
+ERROR_BUDGET = 4002
+ERROR_INTERNAL = 4003
+CALIBRATION_KEY = "privet.calibration"
+
+app = ClientApp()
+
+
+def _error(msg: Message, code: int, reason: str) -> Message:
+    log.warning("refusing %s: %s", msg.metadata.message_type, reason)
+    return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDataset, int]:
+    """This client's training shard (and the dataset's class count)."""
+    data_dir = profile.data_dir or str(run_config.get("data-dir", "")) or None
+    splits = load_dataset(str(run_config["dataset"]), data_dir)
+    shard = client_data(
+        splits,
+        profile.partition_id,
+        profile.num_partitions,
+        method=str(run_config["partitioner"]),
+        alpha=float(run_config["dirichlet-alpha"]),
+        shards_per_client=int(run_config["shards-per-client"]),
+        seed=int(run_config["seed"]),
+        max_examples=int(run_config["max-examples-per-client"]),
+    )
+    return shard, splits.train.num_classes
+
+
+def _client_seed(run_seed: int, partition_id: int, server_round: int) -> int:
+    """Per-(client, round) seed derived from the run's root seed."""
+    return int(np.random.SeedSequence([run_seed, partition_id, server_round]).generate_state(1)[0])
+
+
+def _model_from(msg: Message, data: ArrayDataset, num_classes: int, run_config: dict) -> torch.nn.Module:
+    model = build_model(
+        str(run_config["model"]), input_shape=tuple(data.x.shape[1:]), num_classes=num_classes
+    )
+    set_weights(model, msg.content[keys.ARRAYS].to_numpy_ndarrays())
+    return model
+
+
+def _privacy_metrics(ledger: PrivacyLedger, before: float) -> dict[str, float]:
+    spent = ledger.spent()
+    return {
+        keys.EPSILON_BUDGET: float(ledger.epsilon_budget),
+        keys.EPSILON_SPENT: float(spent),
+        keys.EPSILON_ROUND: float(spent - before) if math.isfinite(spent) else math.inf,
+        keys.DELTA: float(ledger.delta),
+    }
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The mechanism one round will run, known before training so it can be checked."""
+
+    noise_multiplier: float  # σ sent to the mechanism
+    charged_multiplier: float  # σ the ledger charges (σ/√m for update mode)
+    sample_rate: float
+    steps: int
+
+
+def _plan_round(
+    cfg: ConfigRecord,
+    ledger: PrivacyLedger,
+    context: Context,
+    num_examples: int,
+) -> _Plan:
+    """Decide σ for this round: fixed from the server, or calibrated once per run.
+
+    Calibration (when the server sends ``noise-multiplier = 0``) finds the smallest σ for
+    which the ledger's history *before this run* composed with ``num-rounds`` rounds of
+    this client's mechanism stays within ``min(budget, spent_before + target-epsilon)``.
+    Planning for every round of the run is conservative when the client is not sampled in
+    all of them. The result is cached in ``context.state`` for the rest of the run.
+    """
+    mode = str(cfg[keys.DP_MODE])
+    epochs = int(cfg[keys.LOCAL_EPOCHS])
+    batch = int(cfg[keys.BATCH_SIZE])
+    shares = int(cfg.get(keys.NOISE_SHARES, 1))
+    if mode == keys.DP_NONE:
+        return _Plan(0.0, 0.0, 1.0, 1)
+    if mode == keys.DP_SGD:
+        rate = dpsgd_sample_rate(num_examples, batch)
+        steps = dpsgd_steps_per_round(num_examples, batch, epochs)
+    else:
+        rate, steps = 1.0, 1
+    fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
+    if fixed > 0:
+        charged = fixed / math.sqrt(shares) if mode == keys.DP_UPDATE else fixed
+        return _Plan(fixed, charged, rate, steps)
+
+    run_key = f"{context.run_id}"
+    cached = context.state.get(CALIBRATION_KEY)
+    if isinstance(cached, ConfigRecord) and cached.get("run-id") == run_key:
+        charged = float(cached["sigma"])
+    else:
+        target = float(cfg.get(keys.TARGET_EPSILON, 0.0))
+        before = ledger.spent()
+        if is_spent(before, ledger.epsilon_budget):
+            raise PrivacyBudgetExhausted(
+                f"spent eps={before:.4f} of {ledger.epsilon_budget:g}: less than "
+                f"{MIN_USABLE_FRACTION:.0%} remains, too little for a useful round"
+            )
+        cap = ledger.epsilon_budget if target <= 0 else min(ledger.epsilon_budget, before + target)
+        charged = noise_multiplier_for(
+            cap,
+            ledger.delta,
+            rate,
+            steps * int(cfg[keys.NUM_ROUNDS]),
+            accountant=ledger.accountant,
+            prior_history=list(ledger.history),
+        )
+        context.state[CALIBRATION_KEY] = ConfigRecord({"run-id": run_key, "sigma": charged})
+        log.info("calibrated sigma=%.4f for cap eps=%.3f (q=%.4f, %d steps/round)", charged, cap, rate, steps)
+    sigma = charged * math.sqrt(shares) if mode == keys.DP_UPDATE else charged
+    return _Plan(sigma, charged, rate, steps)
+
+
+@app.query(keys.QUERY_BUDGET)
+def query_budget(msg: Message, context: Context) -> Message:
+    """Handshake: declare (ε, δ), the example count and the ε already spent."""
+    try:
+        profile = resolve_profile(context.node_config, context.run_config)
+        cfg = msg.content[keys.CONFIG]
+        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, "rdp")))
+        data, _ = _load_local_data(profile, context.run_config)
+    except (ValueError, FileNotFoundError) as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    metrics = MetricRecord(
+        {
+            keys.EPSILON_BUDGET: float(ledger.epsilon_budget),
+            keys.EPSILON_SPENT: float(ledger.spent()),
+            keys.DELTA: float(ledger.delta),
+            keys.NUM_EXAMPLES: int(len(data)),
+        }
+    )
+    meta = ConfigRecord({keys.CLIENT_ID: profile.client_id, keys.BUDGET_SOURCE: profile.budget_source})
+    return Message(RecordDict({keys.METRICS: metrics, keys.META: meta}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training under the requested DP mode, within the budget."""
+    started = time.perf_counter()
+    try:
+        profile = resolve_profile(context.node_config, context.run_config)
+        cfg = msg.content[keys.CONFIG]
+        mode = str(cfg[keys.DP_MODE])
+        if mode not in keys.DP_MODES:
+            raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
+        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, "rdp")))
+        data, num_classes = _load_local_data(profile, context.run_config)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+
+    server_round = int(cfg[keys.SERVER_ROUND])
+    if mode == keys.DP_NONE and math.isfinite(ledger.epsilon_budget):
+        return _error(
+            msg,
+            ERROR_BUDGET,
+            f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite budget "
+            f"(eps={ledger.epsilon_budget:g}) and refuses non-private training",
+        )
+    try:
+        plan = _plan_round(cfg, ledger, context, len(data))
+    except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: remainder too small for any σ
+        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+    if mode != keys.DP_NONE and ledger.would_exceed(plan.charged_multiplier, plan.sample_rate, plan.steps):
+        return _error(
+            msg,
+            ERROR_BUDGET,
+            f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
+            f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it",
+        )
+
+    seed = _client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
+    torch.manual_seed(seed)
+    model = _model_from(msg, data, num_classes, context.run_config)
+    global_weights = [w.copy() for w in get_weights(model)]
+    local = LocalTrainingConfig(
+        epochs=int(cfg[keys.LOCAL_EPOCHS]),
+        batch_size=int(cfg[keys.BATCH_SIZE]),
+        learning_rate=float(cfg[keys.LEARNING_RATE]),
+        momentum=float(cfg.get(keys.MOMENTUM, 0.0)),
+        seed=seed,
+    )
+    clip = float(cfg.get(keys.CLIP, 1.0))
+    if cfg.get(keys.PERSONALIZATION, ""):  # PPSGD / CENTAUR: shared part privatised as in update mode
+        try:
+            train_metrics, steps = train_personalized(
+                model, data, local, cfg, context, clip=clip,
+                noise_multiplier=plan.noise_multiplier, partition_id=profile.partition_id,
+            )
+        except ValueError as exc:
+            return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    elif mode == keys.DP_SGD:
+        train_metrics, steps = train_dpsgd(
+            model,
+            data,
+            local,
+            clip=clip,
+            noise_multiplier=plan.noise_multiplier,
+            grad_sample_mode=str(cfg.get(keys.GRAD_SAMPLE_MODE, "ghost")),
+        )
+    elif mode == keys.DP_UPDATE:
+        train_metrics, steps = train_update_dp(
+            model,
+            data,
+            local,
+            clip=clip,
+            noise_multiplier=plan.noise_multiplier,
+            noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)),
+        )
+    else:
+        train_metrics, steps = train_non_private(model, data, local)
+
+    before = ledger.spent()
+    try:
+        for sigma, rate, count in steps:
+            ledger.record(sigma, rate, count, server_round=server_round, run_id=int(context.run_id))
+    except PrivacyBudgetExhausted as exc:  # actual steps exceeded the plan: discard the model
+        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+    store_ledger(ledger, profile, context)
+
+    metrics = {
+        keys.NUM_EXAMPLES: int(len(data)),
+        **_privacy_metrics(ledger, before),
+        keys.NOISE_MULTIPLIER: float(plan.noise_multiplier),
+        keys.SAMPLE_RATE: float(plan.sample_rate),
+        keys.CLIP: clip,
+        "train-seconds": float(time.perf_counter() - started),
+        **{k: float(v) for k, v in train_metrics.items()},
+    }
+    log.info(
+        "client %s round %d mode=%s sigma=%.3f eps_spent=%.4f/%g",
+        profile.client_id, server_round, mode, plan.noise_multiplier,
+        metrics[keys.EPSILON_SPENT], ledger.epsilon_budget,
+    )
+    meta = ConfigRecord(
+        {keys.CLIENT_ID: profile.client_id, keys.DP_MODE: mode, keys.BUDGET_SOURCE: profile.budget_source}
+    )
+    try:
+        arrays = encode_upload(msg.content, global_weights, get_weights(model))
+    except ValueError as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    return Message(
+        RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
+        reply_to=msg,
+    )
+
+
+@app.evaluate()
+def evaluate_local(msg: Message, context: Context) -> Message:
+    """Evaluate the received model on this client's local shard (no privacy cost is
+    charged: the reply is a loss and an accuracy, reported in the clear)."""
+    try:
+        profile = resolve_profile(context.node_config, context.run_config)
+        data, num_classes = _load_local_data(profile, context.run_config)
+        model = _model_from(msg, data, num_classes, context.run_config)
+        model, data = personalize_for_evaluation(msg.content, context, model, data, profile.partition_id)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    loss, accuracy = evaluate(model, data)
+    metrics = MetricRecord(
+        {keys.EVAL_LOSS: float(loss), keys.EVAL_ACCURACY: float(accuracy), keys.NUM_EXAMPLES: int(len(data))}
+    )
+    return Message(RecordDict({keys.METRICS: metrics}), reply_to=msg)

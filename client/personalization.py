@@ -1,0 +1,306 @@
+"""Client side of the personalized baselines: PPSGD ("additive") and CENTAUR ("head").
+
+The personal part of a client's model lives in its ``context.state`` as an ArrayRecord
+under ``privet.personal.<scheme>`` (named like the model's ``state_dict``), survives the
+rounds of a run, and is **never uploaded**. Only the shared part's update is released,
+privatised exactly as in ``update`` mode: clip to ‖Δ‖₂ <= C, add N(0, σ²C²/m), charge the
+ledger one Gaussian release of multiplier σ/√m (``privacy.mechanisms``).
+
+``additive`` (PPSGD, Bietti et al. 2022)
+    The model predicts with u + v_k. Each local SGD step computes g = ∇ℓ(u + v_k) on a
+    batch and moves u by −η·g and v_k by −α·η·g (joint steps; α =
+    ``personal-lr-scale``). Upload: u₀ + privatise(u − u₀). v_k starts at 0.
+``head`` (CENTAUR, Shen et al. 2023)
+    The head is the model's last Linear layer (``strategies.personalized.
+    head_parameter_names``), the body everything else. The client loads its local head
+    (the received global head at its first round), trains the head for ``head-epochs``
+    epochs with the body frozen, then the body for ``local-epochs`` epochs with the head
+    fixed. Upload: body₀ + privatise(body − body₀), and the head entries equal to the
+    **received** global head (a zero update).
+
+Local held-out data: with personalization on, a client keeps a deterministic 20%
+(:data:`HOLDOUT_FRACTION`, at least one example) of its shard, chosen by a permutation
+seeded with (run seed, partition id), as local test data: it trains on the other 80%
+and evaluates its personal model (u + v_k, or global body + local head) on the 20%.
+Without personalization nothing changes (the whole shard trains).
+
+Guarantee: client-level DP of each upload for the shared part only. The personal part
+is not released and no DP claim covers it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+from torch import nn
+from torch.func import functional_call
+
+from client.training import LocalTrainingConfig
+from privacy.accountants import Step
+from privacy.mechanisms import local_noise_multiplier, privatize_update
+from strategies import keys
+from strategies.personalized import head_parameter_names
+from tasks.datasets import ArrayDataset
+from tasks.models import get_weights, set_weights, train_plain, unwrap, weight_names
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "HOLDOUT_FRACTION",
+    "STATE_KEY_PREFIX",
+    "holdout_split",
+    "load_personal",
+    "personalize_for_evaluation",
+    "scheme_of",
+    "train_personalized",
+]
+
+STATE_KEY_PREFIX = "privet.personal"
+HOLDOUT_FRACTION = 0.2
+_HOLDOUT_SALT = 0x686F6C64  # "hold": keeps this stream apart from other seeded draws
+
+
+# ------------------------------------------------------------------ plumbing
+def scheme_of(config: ConfigRecord | None) -> str:
+    """The personalization scheme a config asks for ("" when none).
+
+    Raises
+    ------
+    ValueError
+        If the value is not one of ``keys.PERSONALIZATION_SCHEMES``.
+    """
+    if config is None:
+        return ""
+    scheme = str(config.get(keys.PERSONALIZATION, "") or "")
+    if scheme and scheme not in keys.PERSONALIZATION_SCHEMES:
+        raise ValueError(
+            f"'{keys.PERSONALIZATION}' must be one of {keys.PERSONALIZATION_SCHEMES}; found {scheme!r}"
+        )
+    return scheme
+
+
+def holdout_split(data: ArrayDataset, run_seed: int, partition_id: int) -> tuple[ArrayDataset, ArrayDataset]:
+    """Deterministic (train 80%, local test 20%) split of a client's shard.
+
+    The same (shard, run seed, partition id) always gives the same split, in every
+    round and in both the train and the evaluate handler.
+
+    Raises
+    ------
+    ValueError
+        If the shard has fewer than 2 examples.
+    """
+    n = len(data)
+    if n < 2:
+        raise ValueError(f"personalization needs >= 2 local examples for a held-out split; found {n}")
+    n_test = min(n - 1, max(1, int(round(HOLDOUT_FRACTION * n))))
+    seed = np.random.SeedSequence([int(run_seed), int(partition_id), _HOLDOUT_SALT])
+    order = np.random.default_rng(seed).permutation(n)
+    return data.subset(np.sort(order[n_test:])), data.subset(np.sort(order[:n_test]))
+
+
+def _state_key(scheme: str) -> str:
+    return f"{STATE_KEY_PREFIX}.{scheme}"
+
+
+def load_personal(context: Context, scheme: str, expected: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """The stored personal arrays, or None if absent or not shaped like ``expected``."""
+    record = context.state.get(_state_key(scheme))
+    if not isinstance(record, ArrayRecord):
+        return None
+    stored = dict(zip(record.keys(), record.to_numpy_ndarrays()))
+    if stored.keys() != expected.keys() or any(
+        stored[k].shape != expected[k].shape or stored[k].dtype != expected[k].dtype for k in expected
+    ):
+        log.warning("personal state %s does not match the model; starting afresh", _state_key(scheme))
+        return None
+    return stored
+
+
+def _store_personal(context: Context, scheme: str, arrays: dict[str, np.ndarray]) -> None:
+    context.state[_state_key(scheme)] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def _head_split(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(head names, body names) of the model; the head must be an ``nn.Linear``."""
+    names = weight_names(model)
+    head = head_parameter_names(names)
+    owner = head[0].rpartition(".")[0]
+    module = unwrap(model).get_submodule(owner) if owner else unwrap(model)
+    if not isinstance(module, nn.Linear):
+        raise ValueError(f"CENTAUR's head must be the model's last Linear layer; {owner!r} is a "
+                         f"{type(module).__name__}")
+    body = [n for n in names if n not in head]
+    if not body:
+        log.warning("the whole model is the head: CENTAUR shares nothing (purely local learning)")
+    return head, body
+
+
+def _privatize(
+    update: list[np.ndarray], clip: float, noise_multiplier: float, noise_shares: int, private: bool, seed: int
+) -> tuple[list[np.ndarray], dict[str, float], list[Step]]:
+    """The update mode's mechanism on the shared part (or nothing for ``dp-mode none``)."""
+    if not private:
+        return update, {}, [(0.0, 1.0, 1)]
+    rng = np.random.default_rng(seed)
+    noisy, diag = privatize_update(update, clip=clip, noise_multiplier=noise_multiplier,
+                                   noise_shares=noise_shares, rng=rng)
+    return noisy, diag, [(local_noise_multiplier(noise_multiplier, noise_shares), 1.0, 1)]
+
+
+# -------------------------------------------------------------------- training
+def _train_additive(
+    model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig, v: dict[str, np.ndarray], alpha: float
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, float]]:
+    """Joint SGD on (u, v) for the additive model u + v; returns (u, v, metrics)."""
+    module = unwrap(model)
+    state = module.state_dict()
+    u_t = {n: t.detach().clone().requires_grad_(True) for n, t in state.items()}
+    v_t = {n: torch.tensor(v[n], dtype=state[n].dtype).requires_grad_(True) for n in state}
+    optimizer = torch.optim.SGD(
+        [{"params": list(u_t.values()), "lr": cfg.learning_rate},
+         {"params": list(v_t.values()), "lr": alpha * cfg.learning_rate}],
+        momentum=cfg.momentum,
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
+    module.train()
+    total, seen, steps = 0.0, 0, 0
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(data), generator=generator).numpy()
+        for start in range(0, len(data), cfg.batch_size):
+            rows = order[start: start + cfg.batch_size]
+            x, y = torch.tensor(data.x[rows]), torch.tensor(data.y[rows])
+            optimizer.zero_grad(set_to_none=True)
+            logits = functional_call(module, {n: u_t[n] + v_t[n] for n in state}, (x,))
+            loss = F.cross_entropy(logits, y)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(y)
+            seen += len(y)
+            steps += 1
+    u = {n: t.detach().numpy().copy() for n, t in u_t.items()}
+    v_new = {n: t.detach().numpy().copy() for n, t in v_t.items()}
+    return u, v_new, {keys.TRAIN_LOSS: total / seen, keys.LOCAL_STEPS: float(steps)}
+
+
+def _train_phase(model: nn.Module, trainable: Sequence[str], data: ArrayDataset, cfg: LocalTrainingConfig,
+                 epochs: int, seed: int) -> dict[str, float]:
+    """Plain SGD on the named parameters only (the others frozen), then unfreeze all."""
+    params = dict(unwrap(model).named_parameters())
+    wanted = set(trainable)
+    try:
+        for name, p in params.items():
+            p.requires_grad_(name in wanted)
+        return train_plain(model, data, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.learning_rate,
+                           momentum=cfg.momentum, seed=seed)
+    finally:
+        for p in params.values():
+            p.requires_grad_(True)
+
+
+def train_personalized(
+    model: nn.Module,
+    data: ArrayDataset,
+    cfg: LocalTrainingConfig,
+    config: ConfigRecord,
+    context: Context,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    partition_id: int,
+) -> tuple[dict[str, float], list[Step]]:
+    """One round of PPSGD or CENTAUR client work; leaves the **upload** in ``model``.
+
+    ``model`` holds the received global model on entry. On return it holds what the
+    client sends: the privatised shared part, with the personal part removed (PPSGD: u
+    only; CENTAUR: the head entries equal to the received head). The updated personal
+    part is stored in ``context.state``. Returns ``(metrics, steps)`` like
+    ``client.training.train_update_dp``: one release of multiplier σ/√m (update mode),
+    or a zero-noise step for ``dp-mode none``. ``metrics`` carries ``num-examples`` =
+    the number of training examples (the 80% split).
+
+    Raises
+    ------
+    ValueError
+        On an unknown scheme, ``dp-mode dpsgd``, a model without a Linear head (CENTAUR),
+        or a shard too small to split.
+    """
+    scheme = scheme_of(config)
+    mode = str(config[keys.DP_MODE])
+    if mode not in (keys.DP_UPDATE, keys.DP_NONE):
+        raise ValueError(f"personalization '{scheme}' runs with dp-mode '{keys.DP_UPDATE}' or "
+                         f"'{keys.DP_NONE}'; found {mode!r}")
+    private = mode == keys.DP_UPDATE
+    shares = int(config.get(keys.NOISE_SHARES, 1))
+    train, _ = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
+    names = weight_names(model)
+    received = dict(zip(names, get_weights(model)))
+
+    if scheme == keys.PERSONALIZATION_ADDITIVE:
+        alpha = float(config.get(keys.PERSONAL_LR_SCALE, 1.0))
+        if not alpha > 0:
+            raise ValueError(f"'{keys.PERSONAL_LR_SCALE}' must be > 0; found {alpha}")
+        v = load_personal(context, scheme, received) or {n: np.zeros_like(a) for n, a in received.items()}
+        u, v_new, metrics = _train_additive(model, train, cfg, v, alpha)
+        delta = [u[n] - received[n] for n in names]
+        noisy, diag, steps = _privatize(delta, clip, noise_multiplier, shares, private, cfg.seed)
+        upload = [received[n] + d for n, d in zip(names, noisy)]
+        _store_personal(context, scheme, v_new)
+    elif scheme == keys.PERSONALIZATION_HEAD:
+        head, body = _head_split(model)
+        head_epochs = int(config.get(keys.HEAD_EPOCHS, 1))
+        if head_epochs < 1:
+            raise ValueError(f"'{keys.HEAD_EPOCHS}' must be >= 1; found {head_epochs}")
+        local_head = load_personal(context, scheme, {n: received[n] for n in head})
+        if local_head is not None:
+            set_weights(model, [local_head.get(n, received[n]) for n in names])
+        head_metrics = _train_phase(model, head, train, cfg, head_epochs, cfg.seed)
+        metrics = _train_phase(model, body, train, cfg, cfg.epochs, cfg.seed + 1) if body else dict(head_metrics)
+        trained = dict(zip(names, get_weights(model)))
+        noisy, diag, steps = _privatize([trained[n] - received[n] for n in body], clip, noise_multiplier,
+                                        shares, private, cfg.seed)
+        shared = {n: received[n] + d for n, d in zip(body, noisy)}
+        upload = [shared[n] if n in shared else received[n].copy() for n in names]
+        _store_personal(context, scheme, {n: trained[n] for n in head})
+        metrics = {**metrics, "head-train-loss": float(head_metrics[keys.TRAIN_LOSS]),
+                   keys.LOCAL_STEPS: float(metrics[keys.LOCAL_STEPS]) + float(head_metrics[keys.LOCAL_STEPS])}
+    else:
+        raise ValueError(f"'{keys.PERSONALIZATION}' is not set in the train config")
+    set_weights(model, upload)
+    metrics = {**metrics, **diag, keys.NUM_EXAMPLES: int(len(train))}
+    return metrics, steps
+
+
+# ------------------------------------------------------------------ evaluation
+def personalize_for_evaluation(
+    content: RecordDict, context: Context, model: nn.Module, data: ArrayDataset, partition_id: int
+) -> tuple[nn.Module, ArrayDataset]:
+    """For a personalized evaluate request: (personal model, local held-out split).
+
+    The personal model is the received global model with the personal part applied:
+    u + v_k (additive) or the local head in place of the global head (head). A client
+    without stored personal state evaluates the received model. Without personalization
+    in the request, returns ``(model, data)`` unchanged.
+    """
+    config = content.config_records.get(keys.CONFIG)
+    scheme = scheme_of(config)
+    if not scheme:
+        return model, data
+    _, test = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
+    names = weight_names(model)
+    received = dict(zip(names, get_weights(model)))
+    if scheme == keys.PERSONALIZATION_ADDITIVE:
+        v = load_personal(context, scheme, received)
+        if v is not None:
+            set_weights(model, [received[n] + v[n] for n in names])
+    else:
+        head, _ = _head_split(model)
+        local_head = load_personal(context, scheme, {n: received[n] for n in head})
+        if local_head is not None:
+            set_weights(model, [local_head.get(n, received[n]) for n in names])
+    return model, test

@@ -1,0 +1,36 @@
+"""What a client uploads: its full model (default) or a compressed form a method asks for.
+
+The server chooses the format per node in the train config (``upload-format``); the only
+compressed format is PFA+'s ``coordinates`` (the update projected on the basis the server
+sent down, k values per layer). Encoders are registered here so that the ClientApp stays
+free of method-specific code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, RecordDict
+
+from strategies import keys
+
+FULL = "full"
+
+#: format name -> encoder(request content, global weights, trained weights) -> ArrayRecord
+Encoder = Callable[[RecordDict, Sequence[np.ndarray], Sequence[np.ndarray]], ArrayRecord]
+ENCODERS: dict[str, Encoder] = {}
+
+
+def encode_upload(
+    request: RecordDict, global_weights: Sequence[np.ndarray], trained: Sequence[np.ndarray]
+) -> ArrayRecord:
+    """The ArrayRecord to send back, in the format the request asked for."""
+    fmt = str(request[keys.CONFIG].get(keys.UPLOAD_FORMAT, FULL))
+    if fmt == FULL:
+        return ArrayRecord([np.asarray(w) for w in trained])
+    if fmt not in ENCODERS:
+        raise ValueError(f"'{keys.UPLOAD_FORMAT}' must be one of {[FULL, *ENCODERS]}; found {fmt!r}")
+    return ENCODERS[fmt](request, global_weights, trained)
+
+from client import pfa_coordinates  # noqa: E402,F401  (registers "coordinates")

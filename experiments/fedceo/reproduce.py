@@ -1,0 +1,218 @@
+"""Reproduce FedCEO's Table 1 comparison at a reduced scale, in-process.
+
+For one model (``mlp2`` or ``lenet5``), every noise level σ_g of ``grid.toml`` and every
+seed, run UDP-FedAvg, FedCEO (ϑ = 1) and FedCEO (ϑ > 1) with the real ServerApp logic
+and ClientApp on the in-process grid (``InProcessGrid`` + ``run_experiment``), then
+write ``results.md`` beside this file: our accuracies next to the paper's.
+
+::
+
+    python experiments/fedceo/reproduce.py run --model mlp2            # the grid
+    python experiments/fedceo/reproduce.py tune --model mlp2           # λ sweep, tune seed
+    python experiments/fedceo/reproduce.py report                      # results.md only
+
+Each run's results directory goes under ``results/fedceo/`` (ignored by git); the
+numbers the report needs are collected in ``experiments/fedceo/runs.json``. A run
+already in ``runs.json`` is not repeated unless ``--force`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RUNS_JSON = HERE / "runs.json"
+OUT_ROOT = ROOT / "results" / "fedceo"
+METHODS = ("udp-fedavg", "fedceo-theta1", "fedceo")
+LABELS = {"udp-fedavg": "UDP-FedAvg", "fedceo-theta1": "FedCEO (ϑ=1)", "fedceo": "FedCEO (ϑ>1)"}
+
+sys.path.insert(0, str(ROOT))
+
+
+def load_grid() -> dict[str, Any]:
+    with open(HERE / "grid.toml", "rb") as fh:
+        return tomllib.load(fh)
+
+
+def run_key(model: str, method: str, sigma: float, seed: int, lam: float | None = None) -> str:
+    key = f"{model}/{method}/sigma{sigma:g}/seed{seed}"
+    return key if lam is None else f"{key}/lambda{lam:g}"
+
+
+def run_config(model: str, method: str, sigma: float, seed: int, fedceo: dict[str, Any],
+               overrides: dict[str, Any]) -> dict[str, Any]:
+    """App defaults < ``<model>.toml`` < this run's strategy, σ_g, seed and ``fedceo.*``."""
+    from server.cli import load_experiment
+
+    sets = {"strategy": "udp-fedavg" if method == "udp-fedavg" else "fedceo",
+            "noise-multiplier": float(sigma), "seed": int(seed), **overrides}
+    if method != "udp-fedavg":
+        sets.update({"fedceo.lambda": float(fedceo["lambda"]), "fedceo.interval": int(fedceo["interval"]),
+                     "fedceo.theta": 1.0 if method == "fedceo-theta1" else float(fedceo["theta"])})
+    cfg = load_experiment(str(HERE / f"{model}.toml"), [], None)
+    cfg.update(sets)
+    return cfg
+
+
+def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """One in-process run; the numbers the report needs."""
+    import torch
+
+    torch.set_num_threads(1)
+    logging.disable(logging.INFO)  # Flower and privet log every round at INFO
+    from client.app import app as client_app
+    from server.app import run_experiment
+    from server.inprocess import InProcessGrid, simulation_node_configs
+
+    cfg = {**cfg, "out-dir": str(OUT_ROOT / key)}
+    started = time.perf_counter()
+    grid = InProcessGrid(client_app, simulation_node_configs(int(cfg["num-clients"])), cfg)
+    summary = run_experiment(grid, cfg, run_id=1)
+    rounds = [json.loads(x) for x in (OUT_ROOT / key / "rounds.jsonl").read_text().splitlines()]
+    spent = [c["epsilon_spent"] for c in summary["clients"]]
+    smoothing = [r for r in rounds if r.get("fedceo-smoothed")]
+    return {
+        "key": key,
+        "config": {k: cfg[k] for k in sorted(cfg) if k != "out-dir"},
+        "dp_mode": summary["dp_mode"],
+        "final_accuracy": summary["final_accuracy"],
+        "best_accuracy": summary["best_accuracy"],
+        "accuracy_by_round": [r["accuracy"] for r in rounds],
+        "epsilon_spent_max": max(spent),
+        "epsilon_spent_mean": statistics.fmean(spent),
+        "within_budget": all(c["within_budget"] for c in summary["clients"]),
+        "smoothing_rounds": [r["round"] for r in smoothing],
+        "thresholds": [r["fedceo-threshold"] for r in smoothing],
+        "smoothing_seconds": sum(r["fedceo-smoothing-seconds"] for r in smoothing),
+        "aggregation_seconds": sum(r.get("aggregation_seconds", 0.0) for r in rounds[1:]),
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
+def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool) -> None:
+    done = json.loads(RUNS_JSON.read_text()) if RUNS_JSON.exists() else {}
+    todo = [(k, c) for k, c in jobs if force or k not in done]
+    print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {RUNS_JSON.name})", flush=True)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for result in pool.map(execute, *zip(*todo)) if todo else []:
+            done[result["key"]] = result
+            RUNS_JSON.write_text(json.dumps(done, indent=1, sort_keys=True))
+            print(f"{result['key']}: final {result['final_accuracy']:.4f} best {result['best_accuracy']:.4f} "
+                  f"eps {result['epsilon_spent_max']:.3g} ({result['wall_seconds']:.0f}s)", flush=True)
+
+
+def grid_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    spec = grid[model]
+    jobs = []
+    for seed in grid["seeds"]:
+        for i, sigma in enumerate(spec["sigma"]):
+            fedceo = {name: spec[name][i] for name in ("lambda", "theta", "interval")}
+            for method in METHODS:
+                jobs.append((run_key(model, method, sigma, seed),
+                             run_config(model, method, sigma, seed, fedceo, overrides)))
+    return jobs
+
+
+def tune_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """FedCEO (ϑ>1) over the λ grid, and UDP-FedAvg, on the tuning seed only."""
+    spec, seed = grid[model], grid["tune-seed"]
+    jobs = []
+    for i, sigma in enumerate(spec["sigma"]):
+        jobs.append((run_key(model, "udp-fedavg", sigma, seed), run_config(model, "udp-fedavg", sigma, seed, {}, overrides)))
+        for lam in spec["tune-lambda"]:
+            fedceo = {"lambda": lam, "theta": spec["theta"][i], "interval": spec["interval"][i]}
+            jobs.append((run_key(model, "fedceo", sigma, seed, lam),
+                         run_config(model, "fedceo", sigma, seed, fedceo, overrides)))
+    return jobs
+
+
+# ------------------------------------------------------------------------------ report
+def _stats(values: list[float]) -> str:
+    pct = [100 * v for v in values]
+    if not pct:
+        return "–"
+    if len(pct) == 1:
+        return f"{pct[0]:.2f}"
+    return f"{statistics.fmean(pct):.2f} ± {statistics.stdev(pct):.2f}"
+
+
+def results_table(model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> list[str]:
+    spec = grid[model]
+    paper = spec["paper"]
+    rows = ["| σ_g | " + " | ".join(f"{LABELS[m]} ours" for m in METHODS)
+            + " | FedCEO − UDP (ours, pp) | ε spent (max client) | paper: UDP-FedAvg | PPSGD | CENTAUR | FedCEO (ϑ=1) | FedCEO (ϑ>1) |",
+            "|---|" + "---:|" * (len(METHODS) + 2) + "---:|---|---|---:|---:|"]
+    for i, sigma in enumerate(spec["sigma"]):
+        cells, per_seed, eps = [], {}, []
+        for method in METHODS:
+            runs = [done.get(run_key(model, method, sigma, s)) for s in grid["seeds"]]
+            runs = [r for r in runs if r]
+            per_seed[method] = {r["config"]["seed"]: r[metric] for r in runs}
+            eps += [r["epsilon_spent_max"] for r in runs]
+            cells.append(_stats([r[metric] for r in runs]))
+        gaps = [per_seed["fedceo"][s] - per_seed["udp-fedavg"][s]
+                for s in per_seed["fedceo"] if s in per_seed["udp-fedavg"]]
+        gap = _stats(gaps) if gaps else "–"
+        eps_cell = f"{max(eps):.2f}" if eps else "–"
+        p = [f"{x:.2f}%" if isinstance(x, float) else x for x in
+             (paper["udp-fedavg"][i], paper["ppsgd"][i], paper["centaur"][i], paper["fedceo-theta1"][i], paper["fedceo"][i])]
+        rows.append(f"| {sigma:g} | " + " | ".join(cells) + f" | {gap} | {eps_cell} | " + " | ".join(p) + " |")
+    return rows
+
+
+def write_report(grid: dict[str, Any]) -> None:
+    done = json.loads(RUNS_JSON.read_text()) if RUNS_JSON.exists() else {}
+    template = (HERE / "results.template.md").read_text()
+    tables = {}
+    for model in ("mlp2", "lenet5"):
+        for metric in ("final_accuracy", "best_accuracy"):
+            tables[f"{model}_{metric}"] = "\n".join(results_table(model, grid, done, metric))
+        tune = []
+        spec = grid[model]
+        for i, sigma in enumerate(spec["sigma"]):
+            udp = done.get(run_key(model, "udp-fedavg", sigma, grid["tune-seed"]))
+            cells = [f"{100 * r['final_accuracy']:.2f}" if (r := done.get(run_key(model, "fedceo", sigma, grid["tune-seed"], lam))) else "–"
+                     for lam in spec["tune-lambda"]]
+            tune.append(f"| {sigma:g} | {100 * udp['final_accuracy']:.2f} | " if udp else f"| {sigma:g} | – | ")
+            tune[-1] += " | ".join(cells) + " |"
+        header = "| σ_g | UDP-FedAvg | " + " | ".join(f"λ={lam:g}" for lam in spec["tune-lambda"]) + " |"
+        tables[f"{model}_tune"] = "\n".join([header, "|---|---:|" + "---:|" * len(spec["tune-lambda"]), *tune])
+        times = [r["wall_seconds"] for k, r in done.items() if k.startswith(model + "/")]
+        tables[f"{model}_runs"] = f"{len(times)} runs, {sum(times) / 60:.1f} min wall in total" if times else "not run"
+    (HERE / "results.md").write_text(template.format(**tables))
+    print(f"wrote {HERE / 'results.md'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("run", "tune", "report"))
+    parser.add_argument("--model", choices=("mlp2", "lenet5"), default="mlp2")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
+    parser.add_argument("--force", action="store_true", help="repeat runs already in runs.json")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key for every run (e.g. dataset=emnist)")
+    args = parser.parse_args(argv)
+    from server.cli import parse_assignment
+
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    grid = load_grid()
+    overrides = dict(parse_assignment(s) for s in args.set)
+    if args.command != "report":
+        jobs = (grid_jobs if args.command == "run" else tune_jobs)(args.model, grid, overrides)
+        run_all(jobs, args.jobs, args.force)
+    write_report(grid)
+
+
+if __name__ == "__main__":
+    main()

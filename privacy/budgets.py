@@ -1,0 +1,233 @@
+"""Per-client privacy budgets ε_i, drawn from named distributions.
+
+A budget is evaluated deterministically per (seed, client id): the draw for client i uses
+its own generator, ``np.random.default_rng(np.random.SeedSequence([|seed|, seed < 0, i,
+BUDGET_STREAM]))``, so every process (server, any client, a later run) computes the same
+ε_i without coordination, and client i's budget does not depend on how many other
+clients were drawn before it. ``BUDGET_STREAM`` separates this stream from any other
+stream seeded by the same (seed, client id).
+
+The distributions are PFA's Table 1 (Liu et al., PVLDB 15(4) 2022, §5.1), verbatim:
+
+============  ================================================================
+Uniform       U(1.0, 10.0)  (here U(epsilon_min, epsilon_max), defaults 1 and 10)
+Gauss         N(3.0, 1.0)
+Pareto        "Pareto distribution" (parameters not given; see below)
+MixGauss1     0.9·N(0.1, 0.01) + 0.1·N(10.0, 0.1)
+MixGauss2     0.9·N(0.5, 0.01) + 0.1·N(10.0, 0.1)
+MixGauss3     0.9·N(1.0, 0.1)  + 0.1·N(10.0, 0.1)
+MixGauss4     0.5·N(0.1, 0.01) + 0.4·N(1.0, 0.1) + 0.1·N(10.0, 1.0)
+============  ================================================================
+
+Choices where the paper is silent (all documented in :func:`budget_for`):
+
+* N(μ, s): s is the **standard deviation**, as in the authors' code (``np.random.normal``);
+  the spreads in the paper's Fig. 9 agree.
+* Pareto: scale x_m = 0.5 and shape α = 1.0, the authors' ``pareto1.txt``:
+  ε = x_m (1 + Lomax(α)), i.e. P(ε > x) = x_m / x for x >= x_m (median 1.0, heavy tail).
+* MixGauss3 follows the text (second component std 0.1); the authors' code file used 1.0.
+* The paper states no clipping range, and its code clips nothing. A draw below
+  :data:`MIN_BUDGET` (only plausible for Gauss: P(N(3, 1) < 0.01) ≈ 0.14 %) is rejected
+  and redrawn, i.e. the distribution is truncated to [MIN_BUDGET, ∞); no upper cap.
+* The code redraws a whole mixture list until some client is "public" (ε above a
+  threshold); per-client draws cannot do this, so a small federation may have no
+  high-ε client (MixGauss1, 10 clients: 0.9¹⁰ ≈ 35 %).
+
+Two more distributions: ``"constant"`` gives every client ``epsilon``; ``"groups"`` is
+GDPFed's setting (Table 1 of that paper): clients split into len(groups) contiguous,
+equal-size groups by id (:func:`group_of`); group g's clients all hold ``groups[g]``.
+Default: Fashion-MNIST's (ε₁, ε₂, ε₃) = (0.5, 1.5, 3.0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+
+from privacy._validation import check_choice, check_int, check_positive_finite
+
+__all__ = [
+    "BUDGET_DISTRIBUTIONS",
+    "BUDGET_STREAM",
+    "GDPFED_FMNIST_GROUPS",
+    "MIN_BUDGET",
+    "MIXTURES",
+    "PARETO_ALPHA",
+    "PARETO_SCALE",
+    "budget_for",
+    "budget_rng",
+    "budgets_for",
+    "group_of",
+]
+
+#: Names accepted by :func:`budget_for`.
+BUDGET_DISTRIBUTIONS: tuple[str, ...] = (
+    "constant",
+    "uniform",
+    "gauss",
+    "pareto",
+    "mixgauss1",
+    "mixgauss2",
+    "mixgauss3",
+    "mixgauss4",
+    "groups",
+)
+
+#: Gaussian mixtures of PFA Table 1, as (weight, mean, std) components.
+MIXTURES: Final[dict[str, tuple[tuple[float, float, float], ...]]] = {
+    "gauss": ((1.0, 3.0, 1.0),),
+    "mixgauss1": ((0.9, 0.1, 0.01), (0.1, 10.0, 0.1)),
+    "mixgauss2": ((0.9, 0.5, 0.01), (0.1, 10.0, 0.1)),
+    "mixgauss3": ((0.9, 1.0, 0.1), (0.1, 10.0, 0.1)),
+    "mixgauss4": ((0.5, 0.1, 0.01), (0.4, 1.0, 0.1), (0.1, 10.0, 1.0)),
+}
+
+#: Pareto scale x_m and shape α (the PFA authors' ``pareto1.txt``).
+PARETO_SCALE = 0.5
+PARETO_ALPHA = 1.0
+
+#: Smallest budget a draw may return; smaller draws are redrawn (truncation).
+MIN_BUDGET = 0.01
+
+#: GDPFed's group budgets for Fashion-MNIST (also SVHN and Shakespeare), strict -> loose.
+GDPFED_FMNIST_GROUPS: tuple[float, ...] = (0.5, 1.5, 3.0)
+
+#: Domain-separation word mixed into every budget seed (ASCII "budget").
+BUDGET_STREAM = 0x627564676574
+
+_MAX_REDRAWS = 10_000
+
+
+def budget_rng(client_id: int, seed: int) -> np.random.Generator:
+    """The generator behind client ``client_id``'s budget draw under ``seed``.
+
+    ``SeedSequence([|seed|, int(seed < 0), client_id, BUDGET_STREAM])``: any integer seed,
+    one independent stream per client.
+    """
+    seed = check_int("seed", seed, minimum=-(2**63))
+    client_id = check_int("client_id", client_id, minimum=0)
+    entropy = [abs(seed), int(seed < 0), client_id, BUDGET_STREAM]
+    return np.random.default_rng(np.random.SeedSequence(entropy))
+
+
+def group_of(client_id: int, num_clients: int, num_groups: int) -> int:
+    """Group of ``client_id`` when ids 0…n−1 are cut into ``num_groups`` contiguous groups.
+
+    g(i) = ⌊i·M/n⌋: group sizes differ by at most one (⌈n/M⌉ or ⌊n/M⌋), lower ids go to
+    lower (stricter) groups. With M > n some groups are empty.
+
+    Raises
+    ------
+    ValueError
+        If n < 1, M < 1 or i is not in [0, n).
+    """
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    num_groups = check_int("num_groups", num_groups, minimum=1)
+    client_id = check_int("client_id", client_id, minimum=0)
+    if client_id >= num_clients:
+        raise ValueError(f"client_id must be in [0, {num_clients}); found {client_id}")
+    return client_id * num_groups // num_clients
+
+
+def _draw_truncated(rng: np.random.Generator, draw: str) -> float:
+    for _ in range(_MAX_REDRAWS):
+        if draw == "pareto":
+            value = PARETO_SCALE * (1.0 + float(rng.pareto(PARETO_ALPHA)))
+        else:
+            components = MIXTURES[draw]
+            weights = np.array([w for w, _, _ in components])
+            k = int(rng.choice(len(components), p=weights / weights.sum()))
+            _, mean, std = components[k]
+            value = float(rng.normal(mean, std))
+        if MIN_BUDGET <= value < math.inf:
+            return value
+    raise RuntimeError(f"no budget >= {MIN_BUDGET} in {_MAX_REDRAWS} draws of {draw!r}")
+
+
+def budget_for(
+    distribution: str,
+    client_id: int,
+    *,
+    num_clients: int,
+    seed: int,
+    epsilon: float = 3.0,
+    epsilon_min: float = 1.0,
+    epsilon_max: float = 10.0,
+    groups: Sequence[float] = GDPFED_FMNIST_GROUPS,
+) -> float:
+    """The privacy budget ε of one client, deterministic in (distribution, id, seed, …).
+
+    Parameters
+    ----------
+    distribution : str
+        One of :data:`BUDGET_DISTRIBUTIONS`:
+
+        * ``"constant"``: ``epsilon`` for everyone;
+        * ``"uniform"``: U(epsilon_min, epsilon_max) (PFA: U(1, 10));
+        * ``"gauss"``: N(3, 1²) truncated to [MIN_BUDGET, ∞);
+        * ``"pareto"``: x_m = 0.5, α = 1, P(ε > x) = 0.5/x (no cap);
+        * ``"mixgauss1"`` … ``"mixgauss4"``: PFA Table 1 mixtures (std parameters),
+          truncated to [MIN_BUDGET, ∞) (a no-op in practice: > 9 std from every mean);
+        * ``"groups"``: ``groups[group_of(client_id, num_clients, len(groups))]``.
+    client_id : int
+        In [0, num_clients).
+    num_clients : int
+        Federation size n >= 1.
+    seed : int
+        Root seed of the run (any integer).
+    epsilon : float
+        Budget of ``"constant"``, > 0.
+    epsilon_min, epsilon_max : float
+        Bounds of ``"uniform"``, 0 < min <= max.
+    groups : sequence of float
+        Group budgets of ``"groups"``, each > 0; default GDPFed Fashion-MNIST (0.5, 1.5, 3).
+
+    Returns
+    -------
+    float
+        A positive, finite ε.
+
+    Raises
+    ------
+    ValueError
+        If the distribution is unknown (the message lists the allowed names) or a parameter
+        is out of its domain.
+    """
+    distribution = check_choice("distribution", distribution, BUDGET_DISTRIBUTIONS)
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    client_id = check_int("client_id", client_id, minimum=0)
+    if client_id >= num_clients:
+        raise ValueError(f"client_id must be in [0, {num_clients}); found {client_id}")
+    rng = budget_rng(client_id, seed)
+
+    if distribution == "constant":
+        return check_positive_finite("epsilon", epsilon)
+    if distribution == "uniform":
+        low = check_positive_finite("epsilon_min", epsilon_min)
+        high = check_positive_finite("epsilon_max", epsilon_max)
+        if high < low:
+            raise ValueError(
+                f"epsilon_max must be >= epsilon_min; found epsilon_min={low}, epsilon_max={high}"
+            )
+        return float(rng.uniform(low, high))
+    if distribution == "groups":
+        if isinstance(groups, (str, bytes)) or len(groups) == 0:
+            raise ValueError(f"groups must be a non-empty sequence of budgets; found {groups!r}")
+        values = [check_positive_finite(f"groups[{g}]", v) for g, v in enumerate(groups)]
+        return values[group_of(client_id, num_clients, len(values))]
+    return _draw_truncated(rng, distribution)
+
+
+def budgets_for(distribution: str, num_clients: int, **kw: object) -> list[float]:
+    """Budgets of clients 0…n−1: ``[budget_for(distribution, i, num_clients=n, **kw)]``.
+
+    Keyword arguments are those of :func:`budget_for` (``seed`` is required).
+    """
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    return [
+        budget_for(distribution, i, num_clients=num_clients, **kw)  # type: ignore[arg-type]
+        for i in range(num_clients)
+    ]

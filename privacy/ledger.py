@@ -1,0 +1,359 @@
+"""The per-client privacy ledger: what a client has spent, and the rule that it never overspends.
+
+The ledger is the source of truth for one client's privacy: its budget (ε, δ), the full
+history of mechanisms run on its data (``(σ, q, n)`` triples, see
+:mod:`privacy.accountants`), and which server rounds / runs they belong to. ε spent is
+always *recomputed* from the history (replay), never stored as a running sum, so a ledger
+restored from JSON reports exactly what the original did.
+
+Invariant: :meth:`PrivacyLedger.record` refuses (raises ``PrivacyBudgetExhausted``,
+records nothing) any mechanism that would take the cumulative ε past the budget, so
+``spent() <= epsilon_budget · (1 + BUDGET_RTOL)`` holds for every ledger built by records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from privacy._validation import (
+    check_choice,
+    check_delta,
+    check_int,
+    check_positive,
+    check_release,
+    check_step,
+)
+from privacy.accountants import (
+    ACCOUNTANTS,
+    SCHEMA_VERSION,
+    Step,
+    epsilon_of,
+    exceeds_budget,
+    merge_step,
+)
+from privacy.exceptions import PrivacyBudgetExhausted
+
+__all__ = ["LEDGER_KIND", "PrivacyLedger"]
+
+log = logging.getLogger(__name__)
+
+#: Value of the ``"kind"`` field that marks a file as a privet privacy ledger.
+LEDGER_KIND = "privet-privacy-ledger"
+
+_REQUIRED_KEYS = (
+    "schema_version",
+    "kind",
+    "epsilon_budget",
+    "delta",
+    "accountant",
+    "history",
+    "rounds",
+    "run_ids",
+)
+_INFORMATIONAL_KEYS = ("epsilon_spent",)  # written for humans, ignored (recomputed) on load
+
+
+@dataclass
+class PrivacyLedger:
+    """One client's privacy budget and everything charged against it.
+
+    Attributes
+    ----------
+    epsilon_budget : float
+        Total ε the client allows over all runs, > 0; ``math.inf`` means no DP required
+        (accounting still runs, nothing is refused).
+    delta : float
+        δ of the client's (ε, δ) guarantee, in (0, 1).
+    accountant : {"rdp", "prv"}
+        How the history is converted to ε.
+    history : list of (float, float, int)
+        ``(σ, q, n)`` of every mechanism run on the client's data; consecutive identical
+        ``(σ, q)`` entries are merged.
+    rounds, run_ids : list of int
+        Parallel lists, one entry per :meth:`record` call: the server round and the run id
+        of that release. ``len(set(zip(run_ids, rounds)))`` is the number of rounds joined.
+
+    Notes
+    -----
+    A ledger in non-private mode simply records nothing: ``spent()`` stays 0.
+    """
+
+    epsilon_budget: float
+    delta: float
+    accountant: str = "rdp"
+    history: list[Step] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    run_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.epsilon_budget = check_positive("epsilon_budget", self.epsilon_budget)
+        self.delta = check_delta(self.delta)
+        self.accountant = check_choice("accountant", self.accountant, ACCOUNTANTS)
+        if not isinstance(self.history, (list, tuple)):
+            raise ValueError(f"history must be a list of (sigma, q, steps); found {self.history!r}")
+        self.history = [check_step(s, name=f"history[{i}]") for i, s in enumerate(self.history)]
+        for name in ("rounds", "run_ids"):
+            values = getattr(self, name)
+            if not isinstance(values, (list, tuple)):
+                raise ValueError(f"{name} must be a list of integers; found {values!r}")
+            setattr(self, name, [check_int(f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values)])
+        if len(self.rounds) != len(self.run_ids):
+            raise ValueError(
+                "rounds and run_ids must have one entry per record; found "
+                f"{len(self.rounds)} rounds and {len(self.run_ids)} run_ids"
+            )
+
+    # ------------------------------------------------------------------ accounting
+    def spent(self) -> float:
+        """Cumulative ε at ``delta`` of the whole history (an upper bound; 0 if empty)."""
+        return epsilon_of(self.history, self.delta, self.accountant)
+
+    def remaining(self) -> float:
+        """``max(0, epsilon_budget − spent())``; ``inf`` for an unlimited budget.
+
+        ε does not compose additively, so this is a report, not the ε of the next release.
+        """
+        if math.isinf(self.epsilon_budget):
+            return math.inf
+        return max(0.0, self.epsilon_budget - self.spent())
+
+    def would_exceed(self, noise_multiplier: float, sample_rate: float, steps: int) -> bool:
+        """Whether recording ``(σ, q, steps)`` would take cumulative ε past the budget.
+
+        The projected ε (history plus the new entry, composed by the accountant, not
+        added) is compared with ``epsilon_budget · (1 + 1e-9)``: the relative slack
+        (``BUDGET_RTOL``) absorbs float round-off between a plan calibrated in one piece and
+        the same plan recorded round by round.
+        """
+        step = check_release(noise_multiplier, sample_rate, steps)
+        projected = epsilon_of([*self.history, step], self.delta, self.accountant)
+        return exceeds_budget(projected, self.epsilon_budget)
+
+    def record(
+        self,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int,
+        *,
+        server_round: int,
+        run_id: int,
+    ) -> None:
+        """Charge ``steps`` runs of a q-subsampled Gaussian mechanism with multiplier σ.
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            If the new cumulative ε would exceed the budget; the ledger is unchanged.
+        ValueError
+            If an argument is out of its domain; the ledger is unchanged.
+        """
+        step = check_release(noise_multiplier, sample_rate, steps)
+        server_round = check_int("server_round", server_round, minimum=0)
+        run_id = check_int("run_id", run_id, minimum=0)
+        projected = epsilon_of([*self.history, step], self.delta, self.accountant)
+        if exceeds_budget(projected, self.epsilon_budget):
+            raise PrivacyBudgetExhausted(
+                f"recording (sigma={step[0]:g}, q={step[1]:g}, steps={step[2]}) in round "
+                f"{server_round} would spend epsilon={projected:.6g} > budget "
+                f"{self.epsilon_budget:g} (delta={self.delta:g}, already spent "
+                f"{self.spent():.6g}); nothing recorded"
+            )
+        merge_step(self.history, step)
+        self.rounds.append(server_round)
+        self.run_ids.append(run_id)
+
+    # ------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe state; an infinite budget is stored as ``null``."""
+        spent = self.spent()
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": LEDGER_KIND,
+            "epsilon_budget": self.epsilon_budget if math.isfinite(self.epsilon_budget) else None,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "history": [[float(s), float(q), int(n)] for s, q, n in self.history],
+            "rounds": list(self.rounds),
+            "run_ids": list(self.run_ids),
+            "epsilon_spent": spent if math.isfinite(spent) else None,
+        }
+
+    def to_json(self) -> str:
+        """The ledger as a JSON document (strict JSON: no NaN or Infinity)."""
+        return json.dumps(self.to_dict(), allow_nan=False, indent=1)
+
+    @classmethod
+    def from_dict(cls, state: Any) -> PrivacyLedger:
+        """Rebuild a ledger from :meth:`to_dict` output, validating every field.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` is not a ledger of a supported ``schema_version``, misses a key,
+            has an unknown key or an invalid value; the message names the key.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"ledger must be a JSON object; found {type(state).__name__}")
+        missing = [k for k in _REQUIRED_KEYS if k not in state]
+        unknown = sorted(str(k) for k in state if k not in _REQUIRED_KEYS + _INFORMATIONAL_KEYS)
+        if missing or unknown:
+            raise ValueError(
+                f"ledger keys must be {list(_REQUIRED_KEYS)} (plus optional "
+                f"{list(_INFORMATIONAL_KEYS)}); missing {missing}, unexpected {unknown}"
+            )
+        if state["kind"] != LEDGER_KIND:
+            raise ValueError(f"ledger 'kind' must be {LEDGER_KIND!r}; found {state['kind']!r}")
+        version = check_int("schema_version", state["schema_version"], minimum=0)
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"ledger schema_version {version} is not supported; supported: {SCHEMA_VERSION}")
+        budget = state["epsilon_budget"]
+        for name in ("history", "rounds", "run_ids"):
+            if not isinstance(state[name], list):
+                raise ValueError(f"ledger '{name}' must be a list; found {state[name]!r}")
+        return cls(
+            epsilon_budget=math.inf if budget is None else budget,
+            delta=state["delta"],
+            accountant=state["accountant"],
+            history=list(state["history"]),
+            rounds=list(state["rounds"]),
+            run_ids=list(state["run_ids"]),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> PrivacyLedger:
+        """Parse :meth:`to_json` output.
+
+        Raises
+        ------
+        ValueError
+            If ``text`` is not valid JSON or not a valid ledger (see :meth:`from_dict`).
+        """
+        try:
+            state = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"ledger is not valid JSON: {exc}") from exc
+        return cls.from_dict(state)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the ledger to ``path`` atomically.
+
+        The JSON goes to a temporary file in the same directory, is flushed and fsync'ed,
+        and then ``os.replace``-d over ``path`` (atomic on POSIX and Windows), and the
+        directory is fsync'ed where supported. A crash leaves either the old or the new
+        ledger, never a torn one. Parent directories are created. One writer per file.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        payload = self.to_json().encode("utf-8")
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_directory(target.parent)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PrivacyLedger:
+        """Read a ledger written by :meth:`save`.
+
+        Raises
+        ------
+        FileNotFoundError
+            If ``path`` does not exist.
+        ValueError
+            If the file is not a valid ledger; the message names the file.
+        """
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            return cls.from_json(text)
+        except ValueError as exc:
+            raise ValueError(f"invalid privacy ledger {os.fspath(path)!r}: {exc}") from exc
+
+    @classmethod
+    def load_or_create(
+        cls,
+        path: str | os.PathLike[str] | None,
+        *,
+        epsilon_budget: float,
+        delta: float,
+        accountant: str = "rdp",
+    ) -> PrivacyLedger:
+        """The ledger at ``path`` if it exists, else a new, empty one (not yet saved).
+
+        A budget belongs to the client's *data*, not to one run, so a stored history is
+        always kept. If the stored budget, δ or accountant differ from the declared ones,
+        the **declared** values are taken (the operator's current declaration is the
+        policy) and a warning is logged; spent ε is then recomputed from the full history
+        under the declared δ and accountant. A lowered budget may leave the ledger already
+        exhausted: every further release is refused, nothing is erased.
+
+        Parameters
+        ----------
+        path : path-like or None
+            Ledger file; ``None`` for an in-memory ledger.
+        epsilon_budget, delta, accountant
+            The client's declared budget (see the class attributes).
+        """
+        declared = cls(epsilon_budget=epsilon_budget, delta=delta, accountant=accountant)
+        if path is None or not Path(path).exists():
+            return declared
+        stored = cls.load(path)
+        changes = [
+            f"{name} {old!r} -> {new!r}"
+            for name, old, new in (
+                ("epsilon_budget", stored.epsilon_budget, declared.epsilon_budget),
+                ("delta", stored.delta, declared.delta),
+                ("accountant", stored.accountant, declared.accountant),
+            )
+            if old != new
+        ]
+        if changes:
+            log.warning(
+                "privacy ledger %s: declared values differ from the stored ones (%s); keeping "
+                "the stored history and using the declared values",
+                os.fspath(path), ", ".join(changes),
+            )
+        ledger = cls(
+            epsilon_budget=declared.epsilon_budget,
+            delta=declared.delta,
+            accountant=declared.accountant,
+            history=stored.history,
+            rounds=stored.rounds,
+            run_ids=stored.run_ids,
+        )
+        if changes and exceeds_budget(ledger.spent(), ledger.epsilon_budget):
+            log.warning(
+                "privacy ledger %s: already spent epsilon=%.6g exceeds the declared budget %g; "
+                "every further release will be refused",
+                os.fspath(path), ledger.spent(), ledger.epsilon_budget,
+            )
+        return ledger
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Persist a rename on POSIX; a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

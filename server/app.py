@@ -1,0 +1,78 @@
+"""The privet ServerApp: validate the config, run the strategy, evaluate, write results."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from server.config import ConfigError, RunConfig
+from server.registry import build_strategy, train_config
+from server.results import ResultsWriter
+from tasks.datasets import load_dataset
+from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
+
+log = logging.getLogger("privet.server")
+
+app = ServerApp()
+
+
+def results_dir(cfg: RunConfig, run_id: int) -> Path:
+    """``out-dir`` if set, else ``./results/run-<id>`` relative to the server's cwd."""
+    return Path(cfg.out_dir) if cfg.out_dir else Path.cwd() / "results" / f"run-{run_id}"
+
+
+def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
+    """Everything ``main`` does, callable with any Grid (the tests use an in-process one)."""
+    try:
+        cfg = RunConfig.from_flower(run_config)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise
+    logging.getLogger("privet").setLevel(logging.INFO)
+    out = results_dir(cfg, run_id)
+    writer = ResultsWriter(out, cfg)
+    log.info("privet: strategy=%s dp-mode=%s rounds=%d results in %s",
+             cfg.strategy, cfg.resolved_dp_mode, cfg.num_server_rounds, out)
+
+    splits = load_dataset(cfg.dataset, cfg.data_dir or None)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, input_shape=tuple(splits.train.x.shape[1:]),
+                        num_classes=splits.train.num_classes, seed=cfg.seed)
+    initial = ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(model), get_weights(model))})
+    strategy = build_strategy(cfg)
+    started = time.perf_counter()
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        set_weights(model, arrays.to_numpy_ndarrays())
+        loss, accuracy = evaluate(model, splits.test)
+        line = {"round": server_round, "accuracy": float(accuracy), "loss": float(loss),
+                "elapsed_seconds": time.perf_counter() - started}
+        if server_round > 0 and strategy.round_log and strategy.round_log[-1]["round"] == server_round:
+            line.update(strategy.round_log[-1])
+        writer.write_round(line)
+        log.info("round %d: test accuracy %.4f loss %.4f", server_round, accuracy, loss)
+        return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
+
+    strategy.start(
+        grid=grid,
+        initial_arrays=initial,
+        num_rounds=cfg.num_server_rounds,
+        timeout=cfg.round_timeout,
+        train_config=train_config(cfg),
+        evaluate_fn=evaluate_fn,
+    )
+    summary = writer.finish(strategy, time.perf_counter() - started)
+    log.info("privet: final accuracy %s; results in %s", summary["final_accuracy"], out)
+    return summary
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower entry point (``server.app:app``)."""
+    run_experiment(grid, dict(context.run_config), int(context.run_id))

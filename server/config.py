@@ -1,0 +1,204 @@
+"""The run configuration, validated at the edge with pydantic.
+
+Flower hands the ServerApp a flat ``run_config`` (``[tool.flwr.app.config]`` of
+``pyproject.toml`` plus ``--run-config`` overrides; nested tables arrive as dotted keys such
+as ``fedceo.lambda``). ``RunConfig.from_flower`` turns it into one frozen, typed object or
+raises ``ConfigError`` with a message that names the key and the allowed values. Nothing
+deeper in the server reads the raw dictionary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from privacy.accountants import ACCOUNTANTS
+from privacy.budgets import BUDGET_DISTRIBUTIONS
+from strategies.fedceo import FedCEOConfig
+from strategies.pfa import PFAConfig
+from tasks.models import MODELS
+from tasks.partition import PARTITIONERS
+
+STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur")
+DP_MODES = ("dpsgd", "update", "none")
+GRAD_SAMPLE_MODES = ("hooks", "ghost", "functorch")
+#: Which DP mode each strategy's clients run when ``dp-mode`` is left at "auto".
+DEFAULT_DP_MODE = {
+    "fedavg": "none",
+    "udp-fedavg": "update",
+    "fedavg-hdp": "dpsgd",
+    "minimum": "dpsgd",
+    "maximum": "dpsgd",
+    "weiavg": "dpsgd",
+    "pfa": "dpsgd",
+    "pfa-plus": "dpsgd",
+    "fedceo": "update",
+    "ppsgd": "update",
+    "centaur": "update",
+}
+
+
+class ConfigError(ValueError):
+    """An invalid run configuration; the message names the key and what is allowed."""
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class RunConfig(BaseModel):
+    """Every key of ``[tool.flwr.app.config]``; see the README's configuration table."""
+
+    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
+
+    strategy: str = "fedavg-hdp"
+    num_server_rounds: int = Field(3, ge=1, le=100_000)
+    num_clients: int = Field(10, ge=1)
+    fraction_train: float = Field(1.0, gt=0.0, le=1.0)
+    min_train_clients: int = Field(2, ge=1)
+    seed: int = 42
+    dataset: str = "fashion-mnist"
+    data_dir: str = ""
+    partitioner: str = "iid"
+    dirichlet_alpha: float = Field(0.5, gt=0.0)
+    shards_per_client: int = Field(2, ge=1)
+    max_examples_per_client: int = Field(0, ge=0)
+    model: str = "cnn"
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(64, ge=1)
+    learning_rate: float = Field(0.05, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    dp_mode: str = "auto"
+    accountant: str = "rdp"
+    clip: float = Field(1.0, gt=0.0)
+    noise_multiplier: float = Field(0.0, ge=0.0)
+    noise_shares: int = Field(1, ge=1)
+    grad_sample_mode: str = "ghost"
+    budget_distribution: str = "uniform"
+    epsilon: float = Field(3.0, gt=0.0)
+    epsilon_min: float = Field(1.0, gt=0.0)
+    epsilon_max: float = Field(10.0, gt=0.0)
+    delta: float = Field(1e-5, gt=0.0, lt=1.0)
+    run_epsilon: float = Field(0.0, ge=0.0)
+    out_dir: str = ""
+    round_timeout: float = Field(3600.0, gt=0.0)
+    pfa: PFAConfig = PFAConfig()
+    fedceo: FedCEOConfig = FedCEOConfig()
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy(cls, v: str) -> str:
+        return _one_of("strategy", v, STRATEGIES)
+
+    @field_validator("partitioner")
+    @classmethod
+    def _partitioner(cls, v: str) -> str:
+        return _one_of("partitioner", v, PARTITIONERS)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return _one_of("model", v, MODELS)
+
+    @field_validator("dp_mode")
+    @classmethod
+    def _dp_mode(cls, v: str) -> str:
+        return _one_of("dp-mode", v, ("auto", *DP_MODES))
+
+    @field_validator("accountant")
+    @classmethod
+    def _accountant(cls, v: str) -> str:
+        return _one_of("accountant", v, ACCOUNTANTS)
+
+    @field_validator("grad_sample_mode")
+    @classmethod
+    def _gsm(cls, v: str) -> str:
+        return _one_of("grad-sample-mode", v, GRAD_SAMPLE_MODES)
+
+    @field_validator("budget_distribution")
+    @classmethod
+    def _budget(cls, v: str) -> str:
+        return _one_of("budget-distribution", v, ("none", *BUDGET_DISTRIBUTIONS))
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        from tasks.datasets import DATASETS
+
+        if v in DATASETS or (v.startswith("hf:") and len(v) > 3):
+            return v
+        raise ValueError(f"'dataset' must be one of {DATASETS} or 'hf:<name>'; found {v!r}")
+
+    @model_validator(mode="after")
+    def _cross(self) -> "RunConfig":
+        if self.epsilon_min > self.epsilon_max:
+            raise ValueError(
+                f"'epsilon-min' ({self.epsilon_min}) must not exceed 'epsilon-max' ({self.epsilon_max})"
+            )
+        if self.resolved_dp_mode == "none" and self.budget_distribution != "none":
+            raise ValueError(
+                "'dp-mode' = 'none' trains without privacy, which clients with a finite budget "
+                "refuse: also set 'budget-distribution' = 'none'"
+            )
+        if self.resolved_dp_mode != "none" and self.budget_distribution == "none" and self.noise_multiplier == 0:
+            raise ValueError(
+                "'budget-distribution' = 'none' gives clients no budget to calibrate noise from: "
+                "set 'noise-multiplier' > 0 or choose a budget distribution"
+            )
+        return self
+
+    @property
+    def resolved_dp_mode(self) -> str:
+        """``dp-mode``, with "auto" replaced by the strategy's own mode."""
+        return DEFAULT_DP_MODE[self.strategy] if self.dp_mode == "auto" else self.dp_mode
+
+    @property
+    def planned_epsilon_unbounded(self) -> bool:
+        return math.isinf(self.epsilon)
+
+    @classmethod
+    def from_flower(cls, run_config: Mapping[str, Any]) -> "RunConfig":
+        """Validate Flower's run config; raise ``ConfigError`` naming the bad key.
+
+        Dotted keys (``pfa.k``, from a ``[tool.flwr.app.config.pfa]`` table) become the
+        fields of that method's section model.
+        """
+        try:
+            return cls.model_validate(nest(run_config))
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"pfa.k": 1}`` -> ``{"pfa": {"k": 1}}`` (Flower flattens nested tables with dots)."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return nested
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"'{key}' must be one of {', '.join(allowed)}; found {value!r}")
+    return value
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: ``key: what is wrong``."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(_kebab(str(p)) for p in err["loc"]) or "(config)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(sorted(f.alias or _kebab(n) for n, f in RunConfig.model_fields.items()))
+            msg = f"unknown key; allowed keys: {allowed}"
+        elif "input" in err and err["type"] not in ("value_error",):
+            msg = f"{msg} (found {err['input']!r})"
+        lines.append(f"invalid run config: '{key}': {msg}")
+    return "\n".join(lines)

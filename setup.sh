@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Set up a fresh machine and run the embedded default experiment.
+#
+#   bash setup.sh               venv + packages + Fashion-MNIST, then `privet run`
+#   bash setup.sh --no-run      set up only (what CI does before the tests)
+#
+# Python 3.11 is required (the pinned torch 2.13.0 CPU wheel). Fashion-MNIST comes from
+# Debian's `dataset-fashion-mnist` package where apt is available; otherwise the loader
+# falls back to the Hugging Face copy through flwr-datasets (needs network once).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+RUN=1
+[[ "${1:-}" == "--no-run" ]] && RUN=0
+
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), f"privet needs Python 3.11, found {sys.version}"'
+
+if [[ ! -x .venv/bin/python ]]; then
+    echo "==> creating .venv"
+    "$PY" -m venv .venv
+fi
+echo "==> installing packages (torch 2.13.0 CPU, flwr 1.39.0, opacus 1.6.0, ...)"
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch first and pinned, so no other requirement can pull a multi-GB CUDA build
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e ".[test]"
+
+FMNIST=/usr/share/datasets/fashion-mnist
+if [[ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ]]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"
+        echo "==> installing Debian's dataset-fashion-mnist (the full official Fashion-MNIST)"
+        $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null \
+            || echo "!! apt-get failed: the default run will try --set dataset=hf:zalando-datasets/fashion_mnist"
+    fi
+fi
+
+if [[ $RUN == 1 ]]; then
+    ARGS=()
+    if [[ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ]]; then
+        ARGS=(--set dataset=hf:zalando-datasets/fashion_mnist)
+    fi
+    echo "==> running the default experiment: .venv/bin/privet run ${ARGS[*]:-}"
+    .venv/bin/privet run "${ARGS[@]}"
+fi

@@ -1,0 +1,386 @@
+"""The shared server side every paper's strategy stands on.
+
+``PrivacyAwareFedAvg`` is a Flower ``FedAvg`` that adds, around the unchanged round loop of
+``Strategy.start``:
+
+1. a **budget handshake** (a ``query.budget`` message) with every node seen for the first
+   time: its declared (ε, δ), example count and ε already spent;
+2. **budget-aware sampling**: a client whose budget is spent (it said so, or a reply put it
+   at its budget) is never scheduled again; sampling is seeded per round;
+3. **per-node messages** (``node_config`` / ``node_arrays`` hooks) so that methods can send
+   each client its own model, basis or target ε;
+4. **reply validation** before anything is aggregated (``strategies.validation``): a bad
+   reply is dropped with a logged reason and the round goes on with the others;
+5. **privacy bookkeeping**: per client, the ε it reports, recomputed independently on the
+   server from the reported mechanism parameters, rounds joined, drops and rejections.
+
+Subclasses override ``aggregate_models`` (the paper's aggregation rule) and, where the paper
+needs it, ``node_arrays``, ``node_config`` or ``expected_specs``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from privacy.accountants import Step, epsilon_of
+from privacy.policy import is_spent
+from strategies import keys
+from strategies.validation import (
+    ArraySpec,
+    DeclaredBudget,
+    specs_of,
+    validate_train_reply,
+)
+
+log = logging.getLogger("privet.strategy")
+
+
+@dataclass
+class ClientAccount:
+    """The server's view of one client, keyed by its Flower node id."""
+
+    node_id: int
+    client_id: str
+    epsilon_budget: float
+    delta: float
+    num_examples: int
+    epsilon_spent: float
+    epsilon_at_start: float
+    server_history: list[Step] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    dropped_rounds: list[int] = field(default_factory=list)
+    rejections: list[tuple[int, str]] = field(default_factory=list)
+    exhausted: bool = False
+
+    def declared(self) -> DeclaredBudget:
+        return DeclaredBudget(self.epsilon_budget, self.delta, self.epsilon_spent)
+
+    def server_epsilon(self, accountant: str) -> float:
+        """ε recomputed by the server from the mechanism parameters the client reported
+        (this run only); an independent check on the client's own ledger."""
+        return epsilon_of(self.server_history, self.delta, accountant) if self.server_history else 0.0
+
+
+@dataclass(frozen=True)
+class AcceptedReply:
+    """A validated train reply, unpacked."""
+
+    node_id: int
+    client_id: str
+    arrays: list[np.ndarray]
+    metrics: dict[str, float]
+    meta: dict[str, str]
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.metrics[keys.NUM_EXAMPLES])
+
+
+def weighted_mean(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> list[np.ndarray]:
+    """Σ_k w_k x_k / Σ_k w_k, layer by layer, in float64 then cast back."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or len(w) != len(arrays) or len(w) == 0 or w.sum() <= 0:
+        raise ValueError(f"weights must be {len(arrays)} non-negative numbers with a positive sum")
+    w = w / w.sum()
+    return [
+        np.tensordot(w, np.stack([np.asarray(c[j], np.float64) for c in arrays]), axes=1).astype(arrays[0][j].dtype)
+        for j in range(len(arrays[0]))
+    ]
+
+
+class PrivacyAwareFedAvg(FedAvg):
+    """FedAvg with a budget handshake, budget-aware sampling, validation and bookkeeping.
+
+    Parameters
+    ----------
+    dp_mode : str
+        ``"dpsgd"``, ``"update"`` or ``"none"``: what clients run (for the report and the
+        server-side recomputation of ε).
+    noise_shares : int
+        m of the ``update`` mode (noise N(0, σ²C²/m) per client).
+    accountant : str
+        ``"rdp"`` or ``"prv"`` for the server-side recomputation.
+    seed : int
+        Root seed of the per-round sampling.
+    availability_timeout : float
+        Seconds to wait for ``min_available_nodes`` before a round proceeds with those
+        connected (Flower's ``sample_nodes`` waits forever).
+    handshake_timeout : float
+        Seconds to wait for handshake replies.
+
+    Other parameters: see ``flwr.serverapp.strategy.FedAvg``.
+    """
+
+    def __init__(
+        self,
+        *,
+        dp_mode: str = keys.DP_SGD,
+        noise_shares: int = 1,
+        accountant: str = "rdp",
+        seed: int = 0,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 2,
+        min_available_nodes: int = 2,
+        availability_timeout: float = 300.0,
+        handshake_timeout: float = 600.0,
+    ) -> None:
+        if dp_mode not in keys.DP_MODES:
+            raise ValueError(f"dp_mode must be one of {keys.DP_MODES}; found {dp_mode!r}")
+        if not 0.0 < fraction_train <= 1.0:
+            raise ValueError(f"fraction_train must be in (0, 1]; found {fraction_train}")
+        if noise_shares < 1:
+            raise ValueError(f"noise_shares must be >= 1; found {noise_shares}")
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=0.0,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=0,
+            min_available_nodes=min_available_nodes,
+        )
+        self.dp_mode = dp_mode
+        self.noise_shares = noise_shares
+        self.accountant = accountant
+        self.seed = seed
+        self.availability_timeout = availability_timeout
+        self.handshake_timeout = handshake_timeout
+        self.accounts: dict[int, ClientAccount] = {}
+        self.round_log: list[dict] = []
+        self._global_specs: list[ArraySpec] = []
+        self._global_names: list[str] = []
+        self._sampled: dict[int, list[int]] = {}
+        self._bytes_down: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ hooks
+    def node_arrays(self, server_round: int, account: ClientAccount, arrays: ArrayRecord) -> ArrayRecord:
+        """The arrays sent to one client (default: the global model)."""
+        return arrays
+
+    def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
+        """The config sent to one client (default: the shared one). Must return a copy
+        if it changes anything."""
+        return config
+
+    def expected_specs(self, server_round: int, account: ClientAccount) -> list[ArraySpec]:
+        """What this client's upload must look like (default: the global model's specs)."""
+        return self._global_specs
+
+    def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
+        """The paper's aggregation rule. Default: FedAvg, Σ n_k w_k / Σ n_k (McMahan et al.)."""
+        return weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies])
+
+    def round_metrics(self, server_round: int) -> dict[str, float]:
+        """Extra per-round diagnostics a subclass wants in the results (default: none)."""
+        return {}
+
+    # --------------------------------------------------------------- summary
+    def summary(self) -> None:
+        log.info("%s: dp-mode=%s noise-shares=%d accountant=%s fraction-train=%.2f seed=%d",
+                 type(self).__name__, self.dp_mode, self.noise_shares, self.accountant,
+                 self.fraction_train, self.seed)
+
+    # ------------------------------------------------------------- handshake
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        deadline = time.monotonic() + self.availability_timeout
+        while True:
+            nodes = sorted(grid.get_node_ids())
+            if len(nodes) >= self.min_available_nodes or time.monotonic() > deadline:
+                if len(nodes) < self.min_available_nodes:
+                    log.warning("only %d of %d nodes connected after %.0fs; going on with them",
+                                len(nodes), self.min_available_nodes, self.availability_timeout)
+                return nodes
+            log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
+            time.sleep(1.0)
+
+    def handshake(self, grid: Grid, node_ids: Iterable[int]) -> None:
+        """Ask every node not seen before for its budget; register those that answer."""
+        new = [n for n in node_ids if n not in self.accounts]
+        if not new:
+            return
+        config = ConfigRecord({keys.ACCOUNTANT: self.accountant})
+        messages = [
+            Message(RecordDict({keys.CONFIG: config}), dst_node_id=n,
+                    message_type=f"{MessageType.QUERY}.{keys.QUERY_BUDGET}")
+            for n in new
+        ]
+        for reply in grid.send_and_receive(messages, timeout=self.handshake_timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log.warning("handshake: node %d answered with an error: %s", node, reply.error.reason)
+                continue
+            try:
+                m = reply.content[keys.METRICS]
+                meta = reply.content[keys.META]
+                account = ClientAccount(
+                    node_id=node,
+                    client_id=str(meta[keys.CLIENT_ID]),
+                    epsilon_budget=float(m[keys.EPSILON_BUDGET]),
+                    delta=float(m[keys.DELTA]),
+                    num_examples=int(m[keys.NUM_EXAMPLES]),
+                    epsilon_spent=float(m[keys.EPSILON_SPENT]),
+                    epsilon_at_start=float(m[keys.EPSILON_SPENT]),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("handshake: node %d sent a malformed budget declaration (%s); ignored", node, exc)
+                continue
+            if not (account.epsilon_budget > 0 and 0 < account.delta < 1 and account.epsilon_spent >= 0):
+                log.warning("handshake: node %d declared an invalid budget (eps=%s, delta=%s); ignored",
+                            node, account.epsilon_budget, account.delta)
+                continue
+            account.exhausted = is_spent(account.epsilon_spent, account.epsilon_budget)
+            self.accounts[node] = account
+            log.info("handshake: client %s (node %d) eps=%g delta=%g spent=%.4f n=%d",
+                     account.client_id, node, account.epsilon_budget, account.delta,
+                     account.epsilon_spent, account.num_examples)
+
+    # -------------------------------------------------------------- sampling
+    def eligible(self, node_ids: Iterable[int]) -> list[int]:
+        """Connected, registered clients whose budget is not spent."""
+        return [n for n in node_ids if n in self.accounts and not self.accounts[n].exhausted]
+
+    def sample(self, server_round: int, eligible: list[int]) -> list[int]:
+        """Sample ``max(min_train_nodes, ⌊fraction·|eligible|⌋)`` clients, seeded per round."""
+        if not eligible:
+            return []
+        size = min(len(eligible), max(self.min_train_nodes, int(self.fraction_train * len(eligible))))
+        rng = np.random.default_rng([self.seed, server_round])
+        return sorted(int(n) for n in rng.choice(sorted(eligible), size=size, replace=False))
+
+    # -------------------------------------------------------- configure_train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Handshake new nodes, sample eligible ones, build one message per node."""
+        self._global_specs = specs_of(arrays)
+        self._global_names = list(arrays.keys())
+        nodes = self._wait_for_nodes(grid)
+        self.handshake(grid, nodes)
+        chosen = self.sample(server_round, self.eligible(nodes))
+        self._sampled[server_round] = chosen
+        skipped = [self.accounts[n].client_id for n in nodes if n in self.accounts and self.accounts[n].exhausted]
+        log.info("round %d: sampled clients %s of %d connected%s", server_round,
+                 [self.accounts[n].client_id for n in chosen], len(nodes),
+                 f"; exhausted (not scheduled): {skipped}" if skipped else "")
+        config[keys.SERVER_ROUND] = server_round
+        messages, bytes_down = [], 0
+        for node in chosen:
+            account = self.accounts[node]
+            node_arrays = self.node_arrays(server_round, account, arrays)
+            node_cfg = self.node_config(server_round, account, config)
+            bytes_down += sum(a.nbytes for a in node_arrays.to_numpy_ndarrays())
+            messages.append(
+                Message(RecordDict({keys.ARRAYS: node_arrays, keys.CONFIG: node_cfg}),
+                        dst_node_id=node, message_type=MessageType.TRAIN)
+            )
+        self._bytes_down[server_round] = bytes_down
+        return messages
+
+    # -------------------------------------------------------- aggregate_train
+    def _server_steps(self, metrics: dict[str, float]) -> list[Step]:
+        sigma = float(metrics.get(keys.NOISE_MULTIPLIER, 0.0))
+        if self.dp_mode == keys.DP_SGD:
+            return [(sigma, float(metrics[keys.SAMPLE_RATE]), int(metrics[keys.LOCAL_STEPS]))]
+        if self.dp_mode == keys.DP_UPDATE:
+            return [(sigma / math.sqrt(self.noise_shares), 1.0, 1)]
+        return [(0.0, 1.0, 1)]
+
+    def accept_replies(self, server_round: int, replies: Iterable[Message]) -> list[AcceptedReply]:
+        """Validate every reply; book-keep errors, rejections, drops and privacy spending."""
+        replies = list(replies)
+        sampled = set(self._sampled.get(server_round, []))
+        replied: set[int] = set()
+        accepted: list[AcceptedReply] = []
+        rejected: list[dict] = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            replied.add(node)
+            account = self.accounts.get(node)
+            name = account.client_id if account else f"node-{node}"
+            if account is None:
+                rejected.append({"client": name, "reason": "reply from a node that never did the handshake"})
+                continue
+            if reply.has_error():
+                reason = reply.error.reason or f"error code {reply.error.code}"
+                if reason.startswith(keys.BUDGET_EXHAUSTED):
+                    account.exhausted = True
+                account.rejections.append((server_round, reason))
+                rejected.append({"client": name, "reason": reason})
+                log.warning("round %d: client %s replied with an error: %s", server_round, name, reason)
+                continue
+            reason = validate_train_reply(reply.content, self.expected_specs(server_round, account),
+                                          account.declared())
+            if reason:
+                account.rejections.append((server_round, reason))
+                rejected.append({"client": name, "reason": reason})
+                log.warning("round %d: rejected reply of client %s: %s", server_round, name, reason)
+                continue
+            metrics = {k: float(v) for k, v in reply.content[keys.METRICS].items() if not isinstance(v, list)}
+            meta = dict(reply.content[keys.META]) if keys.META in reply.content.config_records else {}
+            account.epsilon_spent = metrics[keys.EPSILON_SPENT]
+            account.rounds.append(server_round)
+            account.server_history.extend(self._server_steps(metrics))
+            if is_spent(account.epsilon_spent, account.epsilon_budget):
+                account.exhausted = True
+            accepted.append(AcceptedReply(node, account.client_id,
+                                          reply.content[keys.ARRAYS].to_numpy_ndarrays(), metrics,
+                                          {k: str(v) for k, v in meta.items()}))
+        dropped = sorted(sampled - replied)
+        for node in dropped:
+            self.accounts[node].dropped_rounds.append(server_round)
+            log.warning("round %d: client %s dropped out (no reply)", server_round, self.accounts[node].client_id)
+        self.round_log.append({
+            "round": server_round,
+            "sampled": [self.accounts[n].client_id for n in sorted(sampled)],
+            "accepted": [r.client_id for r in accepted],
+            "rejected": rejected,
+            "dropped": [self.accounts[n].client_id for n in dropped],
+            "bytes_down": self._bytes_down.get(server_round, 0),
+            "bytes_up": int(sum(a.nbytes for r in accepted for a in r.arrays)),
+            "epsilon_spent": {a.client_id: a.epsilon_spent for a in self.accounts.values()},
+        })
+        return accepted
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate, aggregate with ``aggregate_models``, and report the round."""
+        accepted = self.accept_replies(server_round, replies)
+        entry = self.round_log[-1]
+        if not accepted:
+            log.warning("round %d: no usable reply; the global model is unchanged", server_round)
+            entry["aggregation_seconds"] = 0.0
+            return None, MetricRecord({"num-accepted": 0, "num-rejected": len(entry["rejected"]),
+                                       "num-dropped": len(entry["dropped"])})
+        start = time.perf_counter()
+        aggregated = self.aggregate_models(server_round, accepted)
+        entry["aggregation_seconds"] = time.perf_counter() - start
+        entry.update(self.round_metrics(server_round))
+        arrays = ArrayRecord({name: Array(np.asarray(a)) for name, a in zip(self._global_names, aggregated)})
+        spent = [r.metrics[keys.EPSILON_SPENT] for r in accepted]
+        losses = [r.metrics.get(keys.TRAIN_LOSS, math.nan) for r in accepted]
+        finite_losses = [x for x in losses if math.isfinite(x)]
+        metrics = MetricRecord({
+            "num-accepted": len(accepted),
+            "num-rejected": len(entry["rejected"]),
+            "num-dropped": len(entry["dropped"]),
+            "max-epsilon-spent": float(max(spent)),
+            "mean-epsilon-spent": float(np.mean(spent)),
+            keys.TRAIN_LOSS: float(np.mean(finite_losses)) if finite_losses else 0.0,
+        })
+        return arrays, metrics

@@ -1,0 +1,68 @@
+"""The baselines the papers compare with, all on ``PrivacyAwareFedAvg``.
+
+=============  ==========  =====================================================  ==============
+name           dp-mode     aggregation / budgets                                   paper
+=============  ==========  =====================================================  ==============
+fedavg         none        Σ n_k w_k / Σ n_k; no guarantee                         all
+udp-fedavg     update      FedAvg over clipped+noised local updates (user-level)   FedCEO
+fedavg-hdp     dpsgd       FedAvg over DP-SGD clients, each at its own ε           PFA
+minimum        dpsgd       every client calibrated to the smallest ε               PFA
+maximum        dpsgd       every client at the largest ε (oracle reference)        PFA
+=============  ==========  =====================================================  ==============
+
+``fedavg``, ``udp-fedavg`` and ``fedavg-hdp`` share the FedAvg rule; they differ only in what
+clients run, which the server app sets in the train config. ``minimum`` sends every client a
+target ε equal to the smallest declared budget (clients then spend less than they may).
+``maximum`` asks every client to spend the largest budget: a client whose own budget is
+smaller refuses, so this reference only runs where every client's budget *is* the largest
+(in simulation the budgets are set so; see ``client.profile.simulated_budget``).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord
+
+from strategies import keys
+from strategies.base import ClientAccount, PrivacyAwareFedAvg
+
+
+class FedAvgHDP(PrivacyAwareFedAvg):
+    """FedAvg over heterogeneous DP-SGD clients (PFA's "FedAvg-HDP" baseline)."""
+
+
+class UDPFedAvg(PrivacyAwareFedAvg):
+    """UDP-FedAvg: FedAvg over user-level locally privatised updates (FedCEO's baseline).
+
+    Each client clips its whole update to C and adds N(0, σ²C²/m) before upload
+    (``dp_mode="update"``); the server averages.
+    """
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003 - see PrivacyAwareFedAvg
+        kwargs.setdefault("dp_mode", keys.DP_UPDATE)
+        super().__init__(**kwargs)
+
+
+class _HomogeneousBudget(PrivacyAwareFedAvg):
+    """Everyone calibrated to one ε chosen from the declared budgets."""
+
+    def target_epsilon(self) -> float:
+        raise NotImplementedError
+
+    def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
+        cfg = ConfigRecord(dict(config))
+        cfg[keys.TARGET_EPSILON] = float(self.target_epsilon())
+        return cfg
+
+
+class MinimumBudget(_HomogeneousBudget):
+    """PFA's "Minimum": every client spends only the smallest declared budget."""
+
+    def target_epsilon(self) -> float:
+        return min(a.epsilon_budget for a in self.accounts.values())
+
+
+class MaximumBudget(_HomogeneousBudget):
+    """PFA's "Maximum": every client at the largest declared budget (oracle reference)."""
+
+    def target_epsilon(self) -> float:
+        return max(a.epsilon_budget for a in self.accounts.values())

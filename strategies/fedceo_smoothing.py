@@ -1,0 +1,528 @@
+"""Server-side mathematics of FedCEO: tensor low-rank smoothing of client models.
+
+Paper: Li et al., "Clients Collaborate: Flexible Differentially Private Federated
+Learning with Guaranteed Improvement of Utility-Privacy Trade-off" (FedCEO), ICML 2025,
+https://arxiv.org/abs/2402.07002. Equation numbers below refer to the arXiv version.
+
+Pure numpy; no Flower imports. The strategy module converts records and calls these.
+
+Notation
+--------
+K clients upload one copy each of a parameter tensor. The copies are stacked along a
+third ("client") mode into ``Y`` of shape ``(n1, n2, K)`` (see :func:`stack_clients`).
+``Ȳ = DFT(Y, 3)`` is the **unnormalised** DFT along the client mode, ``numpy.fft.fft``
+with its default ``norm="backward"``, and ``Ȳ^(k)`` is its k-th frontal slice
+(k = 0 .. K-1; k = 0 is the DC slice, ``Ȳ^(0) = Σ_k Y^(k) = K · mean_k Y^(k)``).
+
+Tensor nuclear norm (Definition 2.2, Lu et al. 2016/2019)::
+
+    ‖X‖_⊛ = (1/K) Σ_{k=0}^{K-1} ‖X̄^(k)‖_*      (mean of the slice nuclear norms)
+
+What the closed form minimises (derived here; Theorem 3.1 / Eq. (3), proof Eq. (8))
+-------------------------------------------------------------------------------------
+For a threshold ``thr ≥ 0``::
+
+    tensor_svt(Y, thr) = argmin_X  ½‖X − Y‖_F² + thr · ‖X‖_⊛
+                       = argmin_X  ½‖X − Y‖_F² + (thr/K) Σ_k ‖X̄^(k)‖_*
+                       = argmin_X  τ‖X − Y‖_F² + ‖X‖_⊛    with τ = 1/(2·thr), thr > 0.
+
+Proof: the unnormalised DFT satisfies Parseval as ‖X‖_F² = (1/K)‖X̄‖_F², so the first
+objective equals (1/K) Σ_k [½‖X̄^(k) − Ȳ^(k)‖_F² + thr‖X̄^(k)‖_*]. It separates over
+the Fourier slices, and each slice is solved by matrix singular value thresholding at
+``thr`` (SVT lemma, Cai et al. 2010; Lemma B.1): U diag(max(σ − thr, 0)) V^H (Eq. (12)).
+SVT commutes with complex conjugation, so the slice-wise minimisers keep the conjugate
+symmetry Ȳ^(K−k) = conj(Ȳ^(k)) of a real tensor, their inverse DFT is real, and the
+minimiser over complex tensors is also the minimiser over real ones.
+
+FedCEO's server objective (Eq. (2)) is ``(λ/ϑ^{t/I})‖W − W_N‖_F² + ‖W‖_⊛``: the third
+form above with τ = λ/ϑ^{t/I}, hence the threshold of :func:`smoothing_threshold`,
+``thr(t) = ϑ^{t/I} / (2λ)``. The threshold scale is tied to the unnormalised DFT: with
+``norm="ortho"`` every slice singular value shrinks by √K and the same λ would mean a
+threshold √K times larger relative to the spectrum.
+
+Global model (Proposition 3.2, Eq. (17), generalised)
+------------------------------------------------------
+Averaging over clients keeps only the DC slice of the inverse DFT, and the DC slice of
+the data is K times the plain average. Hence, for every threshold (not only those above
+the non-DC spectrum, which is the case Proposition 3.2 states)::
+
+    mean_k [tensor_svt(Y, thr)]^(k) = SVT(Ȳ^(0), thr) / K = SVT(mean_k Y^(k), thr / K).
+
+So on a smoothing round the FedCEO global model is the FedAvg average with each
+parameter matrix soft-thresholded at ``thr/K`` (:func:`smoothed_mean_model`); the
+non-DC slices only shape the personalised client models ŵ_k(t).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Integral, Real
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "is_smoothing_round",
+    "mean_model",
+    "smooth_client_models",
+    "smoothed_mean_model",
+    "smoothing_threshold",
+    "stack_clients",
+    "svt_matrix",
+    "tensor_svt",
+    "unstack_clients",
+]
+
+Model = Sequence[np.ndarray]
+
+# Upper bound on the complex slices handed to one batched SVD call (64 MiB). Bounds
+# the working memory (one LeNet-5 fc1 slice is 1600×512 complex128 = 13 MB) and avoids
+# page-fault overhead; it does not change the result.
+_CHUNK_BYTES = 1 << 26
+
+
+# --------------------------------------------------------------------------- validation
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer; found {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; found {value}")
+    return int(value)
+
+
+def _check_real(name: str, value: object, *, minimum: float, strict: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a real number; found {value!r}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite; found {x}")
+    if (strict and x <= minimum) or (not strict and x < minimum):
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be {relation} {minimum}; found {x}")
+    return x
+
+
+def _check_threshold(threshold: object) -> float:
+    return _check_real("threshold", threshold, minimum=0.0, strict=False)
+
+
+def _check_same_shapes(tensors: Sequence[np.ndarray], what: str) -> tuple[int, ...]:
+    if len(tensors) == 0:
+        raise ValueError(f"{what}: need at least one client; found none")
+    shape = np.shape(tensors[0])
+    for k, tensor in enumerate(tensors):
+        if np.shape(tensor) != shape:
+            raise ValueError(
+                f"{what}: client {k} has shape {np.shape(tensor)}, "
+                f"client 0 has shape {shape}"
+            )
+    return shape
+
+
+def _check_models(models: Sequence[Model]) -> int:
+    """Check that all clients hold the same parameter list; return its length."""
+    if len(models) == 0:
+        raise ValueError("need at least one client model; found none")
+    num_params = len(models[0])
+    for k, model in enumerate(models):
+        if len(model) != num_params:
+            raise ValueError(
+                f"client {k} has {len(model)} parameter tensors, "
+                f"client 0 has {num_params}"
+            )
+    for i in range(num_params):
+        _check_same_shapes([model[i] for model in models], f"parameter {i}")
+    return num_params
+
+
+def _select_layers(
+    model: Model, layers: Sequence[int] | None, num_params: int
+) -> list[int]:
+    """Explicit, checked ``layers``; or, for None, every floating-point parameter."""
+    if layers is None:
+        return [
+            i
+            for i in range(num_params)
+            if np.issubdtype(np.asarray(model[i]).dtype, np.floating)
+        ]
+    selected = [_check_int("layer index", i, 0) for i in layers]
+    for i in selected:
+        if i >= num_params:
+            raise ValueError(
+                f"layer index {i} out of range for a model with {num_params} parameters"
+            )
+    if len(set(selected)) != len(selected):
+        raise ValueError(f"layers contains duplicates: {list(layers)}")
+    return selected
+
+
+def _float_dtype(array: np.ndarray, name: str) -> np.dtype:
+    if not np.issubdtype(array.dtype, np.floating):
+        raise TypeError(f"{name} must have a real floating dtype; found {array.dtype}")
+    return array.dtype
+
+
+# ------------------------------------------------------------------------ schedule
+def smoothing_threshold(
+    server_round: int, *, lam: float, theta: float, interval: int
+) -> float:
+    """Adaptive T-tSVD threshold ``thr(t) = ϑ^{t/I} / (2λ)`` (Eq. (2), Theorem 3.1).
+
+    Eq. (2) weights the proximity term by ``τ = λ/ϑ^{t/I}``; Theorem 3.1 turns
+    ``τ‖W − W_N‖_F² + ‖W‖_⊛`` into a T-tSVD with threshold ``1/(2τ)``. The threshold
+    grows geometrically with the number of smoothing events t/I when ϑ > 1;
+    ϑ = 1 gives the constant threshold 1/(2λ) of the "FedCEO (ϑ=1)" ablation.
+
+    Parameters
+    ----------
+    server_round : int
+        Round t >= 0 (Flower rounds start at 1; t = 0 gives the initial 1/(2λ)).
+    lam : float
+        Initial coefficient λ > 0. Smaller λ means a larger threshold.
+    theta : float
+        Common ratio ϑ >= 1.
+    interval : int
+        Smoothing interval I >= 1.
+
+    Returns
+    -------
+    float
+        The threshold applied to the singular values of every Fourier slice of the
+        unnormalised DFT (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        If λ <= 0, ϑ < 1, I < 1, t < 0, or a value is not finite.
+    """
+    t = _check_int("server_round", server_round, 0)
+    lam_ = _check_real("lam", lam, minimum=0.0, strict=True)
+    theta_ = _check_real("theta", theta, minimum=1.0, strict=False)
+    i = _check_int("interval", interval, 1)
+    return theta_ ** (t / i) / (2.0 * lam_)
+
+
+def is_smoothing_round(server_round: int, interval: int) -> bool:
+    """Whether round t smooths, i.e. ``t % I == 0`` (Algorithm 2, line 11).
+
+    Raises
+    ------
+    ValueError
+        If t < 0 or I < 1.
+    """
+    t = _check_int("server_round", server_round, 0)
+    i = _check_int("interval", interval, 1)
+    return t % i == 0
+
+
+# ------------------------------------------------------------------- tensor layout
+def _matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(n1, n2) of one client's frontal slice: n2 = shape[0], n1 = prod(shape[1:])."""
+    if len(shape) == 0:
+        return 1, 1
+    return math.prod(shape[1:]), shape[0]
+
+
+def stack_clients(
+    tensors: Sequence[np.ndarray],
+) -> tuple[NDArray[np.generic], tuple[int, ...]]:
+    """Fold K client copies of one parameter into a third-order tensor (n1, n2, K).
+
+    Follows the authors' code: ``np.array([P_1, ..., P_K]).transpose()`` reverses all
+    axes, putting the client index last, then the leading axes are flattened (C order)
+    into n1. For a parameter of PyTorch shape ``(d0, d1, ..., dm)`` the frontal slice of
+    client k is the ``(d1·…·dm) × d0`` matrix of its reversed axes, so n2 is always the
+    output dimension d0:
+
+    - Linear ``(out, in)`` -> ``(in, out, K)``, ``T[c, o, k] = W_k[o, c]``
+      (d = in_features, h = out_features in the paper's d × h × K).
+    - Conv2d ``(out, in, kh, kw)`` -> ``(kw·kh·in, out, K)``,
+      ``T[(j·kh + i)·in + c, o, k] = W_k[o, c, i, j]``.
+    - bias ``(out,)`` -> ``(1, out, K)``, ``T[0, o, k] = b_k[o]``; each slice is a row
+      vector, so SVT shrinks its Euclidean norm per frequency.
+    - scalar ``()`` -> ``(1, 1, K)``, ``T[0, 0, k] = s_k``.
+
+    A row permutation of the slices (kw·kh·in versus kh·kw·in) does not change the
+    result of :func:`tensor_svt`, since SVT is equivariant under permutations.
+
+    Parameters
+    ----------
+    tensors : sequence of ndarray
+        The K clients' copies of one parameter, all of the same shape, in client order.
+
+    Returns
+    -------
+    tensor3 : ndarray, shape (n1, n2, K)
+        The stacked tensor (dtype as ``np.stack`` gives it).
+    original_shape : tuple of int
+        The parameter shape, for :func:`unstack_clients`.
+
+    Raises
+    ------
+    ValueError
+        If there are no clients or the shapes differ across clients.
+    """
+    shape = _check_same_shapes(tensors, "stack_clients")
+    n1, n2 = _matrix_shape(shape)
+    stacked = np.stack([np.asarray(t) for t in tensors])  # (K, d0, ..., dm)
+    tensor3 = stacked.transpose().reshape(n1, n2, len(tensors))
+    return tensor3, shape
+
+
+def unstack_clients(
+    tensor3: np.ndarray, original_shape: Sequence[int]
+) -> list[NDArray[np.generic]]:
+    """Inverse of :func:`stack_clients`: split (n1, n2, K) into K arrays of the shape.
+
+    Raises
+    ------
+    ValueError
+        If ``tensor3`` is not 3-D or its first two axes do not match the shape.
+    """
+    shape = tuple(int(d) for d in original_shape)
+    if tensor3.ndim != 3:
+        raise ValueError(f"tensor3 must be 3-D (n1, n2, K); found {tensor3.shape}")
+    if tensor3.shape[:2] != _matrix_shape(shape):
+        raise ValueError(
+            f"tensor3 of shape {tensor3.shape} does not fold back to parameter shape "
+            f"{shape}: expected leading axes {_matrix_shape(shape)}"
+        )
+    num_clients = tensor3.shape[2]
+    per_client = tensor3.reshape(shape[::-1] + (num_clients,)).transpose()
+    return [np.array(per_client[k], order="C") for k in range(num_clients)]
+
+
+# --------------------------------------------------------------- thresholding
+def _svt_batch(slices: np.ndarray, threshold: float) -> np.ndarray:
+    """Soft-threshold the singular values of a batch of matrices (..., n1, n2).
+
+    Returns ``U diag(max(σ − thr, 0)) V^H`` for each matrix (Eq. (12)), computed from
+    one batched thin SVD. Only the components that survive are multiplied back.
+    """
+    u, s, vh = np.linalg.svd(slices, full_matrices=False)
+    s = np.maximum(s - threshold, 0.0)
+    rank = int(np.count_nonzero(s, axis=-1).max(initial=0))  # σ sorted descending
+    u, s, vh = u[..., :rank], s[..., :rank], vh[..., :rank, :]
+    return np.matmul(u * s[..., None, :], vh)
+
+
+def svt_matrix(m: np.ndarray, threshold: float) -> np.ndarray:
+    """Matrix singular value thresholding ``SVT(M, thr) = U diag(max(σ − thr, 0)) V^H``.
+
+    The proximal operator of the matrix nuclear norm (Cai et al. 2010; Lemma B.1)::
+
+        SVT(M, thr) = argmin_X ½‖X − M‖_F² + thr‖X‖_*.
+
+    The FedCEO global model on a smoothing round is ``SVT(mean_k W_k, thr/K)`` for each
+    parameter matrix (see :func:`smoothed_mean_model` and the module docstring).
+
+    Parameters
+    ----------
+    m : ndarray, shape (n1, n2)
+        Real floating or complex matrix.
+    threshold : float
+        thr >= 0.
+
+    Returns
+    -------
+    ndarray, shape (n1, n2)
+        Computed in double precision, returned in the dtype of ``m``.
+
+    Raises
+    ------
+    ValueError
+        If ``m`` is not 2-D or the threshold is negative or not finite.
+    TypeError
+        If ``m`` is neither real floating nor complex.
+    """
+    thr = _check_threshold(threshold)
+    m = np.asarray(m)
+    if m.ndim != 2:
+        raise ValueError(f"svt_matrix expects a 2-D matrix; found shape {m.shape}")
+    if np.issubdtype(m.dtype, np.complexfloating):
+        work = m.astype(np.complex128, copy=False)
+    else:
+        _float_dtype(m, "svt_matrix input")
+        work = m.astype(np.float64, copy=False)
+    return _svt_batch(work[None], thr)[0].astype(m.dtype, copy=False)
+
+
+def tensor_svt(
+    tensor3: np.ndarray, threshold: float, *, half_spectrum: bool = True
+) -> np.ndarray:
+    """T-tSVD: tensor singular value thresholding along the client mode (Algorithm 4).
+
+    Computes ``IDFT(fold([SVT(Ȳ^(0), thr), …, SVT(Ȳ^(K−1), thr)]), 3)`` with the
+    unnormalised DFT, which is (module docstring; Theorem 3.1, Eq. (3))::
+
+        argmin_X  ½‖X − Y‖_F² + thr · ‖X‖_⊛,   ‖X‖_⊛ = (1/K) Σ_k ‖X̄^(k)‖_*
+        = argmin_X  (1/(2·thr))‖X − Y‖_F² + ‖X‖_⊛.
+
+    Parameters
+    ----------
+    tensor3 : ndarray, shape (n1, n2, K)
+        Real floating tensor, clients along axis 2 (see :func:`stack_clients`).
+    threshold : float
+        thr >= 0, applied to the singular values of every Fourier slice.
+    half_spectrum : bool, default True
+        Use ``rfft``/``irfft(n=K)`` and threshold only the ⌊K/2⌋+1 non-redundant
+        slices; slice K−k is the complex conjugate of slice k for real input, and SVT
+        commutes with conjugation. ``False`` thresholds all K slices of ``fft``
+        (the reference computation of the authors' code).
+
+    Returns
+    -------
+    ndarray, shape (n1, n2, K)
+        Real part of the inverse DFT, computed in float64, returned in the input dtype.
+
+    Raises
+    ------
+    ValueError
+        If the input is not 3-D or the threshold is negative or not finite.
+    TypeError
+        If the input is not real floating point.
+    """
+    thr = _check_threshold(threshold)
+    tensor3 = np.asarray(tensor3)
+    if tensor3.ndim != 3:
+        raise ValueError(f"tensor_svt expects shape (n1, n2, K); found {tensor3.shape}")
+    dtype = _float_dtype(tensor3, "tensor_svt input")
+    num_clients = tensor3.shape[2]
+    # Clients first, so that every Fourier slice is a contiguous (n1, n2) matrix.
+    work = np.moveaxis(tensor3, 2, 0).astype(np.float64, copy=False)
+    if half_spectrum:
+        spectrum = np.fft.rfft(work, axis=0)  # (K//2 + 1, n1, n2)
+    else:
+        spectrum = np.fft.fft(work, axis=0)  # (K, n1, n2)
+    # Batched SVDs, in chunks of slices that bound the working memory.
+    step = max(1, _CHUNK_BYTES // max(1, spectrum[0].nbytes))
+    for start in range(0, spectrum.shape[0], step):
+        chunk = spectrum[start : start + step]
+        spectrum[start : start + step] = _svt_batch(chunk, thr)
+    if half_spectrum:
+        out = np.fft.irfft(spectrum, n=num_clients, axis=0)
+    else:
+        out = np.fft.ifft(spectrum, axis=0).real
+    return np.ascontiguousarray(np.moveaxis(out, 0, 2), dtype=dtype)
+
+
+# ------------------------------------------------------------------ whole models
+def smooth_client_models(
+    client_models: Sequence[Model],
+    threshold: float,
+    *,
+    layers: Sequence[int] | None = None,
+    half_spectrum: bool = True,
+) -> list[list[np.ndarray]]:
+    """FedCEO server step: smooth every parameter tensor across clients (Alg. 2, l. 13).
+
+    For each parameter index i, the K clients' copies are folded into W_N ∈ R^{n1×n2×K}
+    (:func:`stack_clients`), replaced by ``tensor_svt(W_N, thr)`` (Eq. (2)-(3)) and
+    unfolded again, giving the personalised models ŵ_k(t). Each parameter tensor is
+    smoothed independently with the same threshold, as in the authors' code.
+
+    Parameters
+    ----------
+    client_models : sequence of sequences of ndarray
+        ``client_models[k][i]``: parameter i of client k. All clients must have the same
+        parameter shapes. Client order is the order along the client mode; the result
+        depends on it except through the mean (DC slice).
+    threshold : float
+        thr >= 0, e.g. :func:`smoothing_threshold`.
+    layers : sequence of int, optional
+        Parameter indices to smooth (the paper's §3.3 suggests only the last layers for
+        large models). Others are returned unchanged, as copies. ``None`` smooths every
+        floating-point parameter and leaves non-floating ones (e.g. integer counters).
+    half_spectrum : bool, default True
+        See :func:`tensor_svt`.
+
+    Returns
+    -------
+    list of list of ndarray
+        ``out[k][i]``: smoothed parameter i of client k, in the input dtype.
+
+    Raises
+    ------
+    ValueError
+        On an empty client list, ragged parameter lists or shapes, a bad layer index or
+        a bad threshold.
+    TypeError
+        If an explicitly selected parameter is not floating point.
+    """
+    thr = _check_threshold(threshold)
+    num_params = _check_models(client_models)
+    selected = _select_layers(client_models[0], layers, num_params)
+    out = [[np.array(p, copy=True) for p in model] for model in client_models]
+    for i in selected:
+        tensor3, shape = stack_clients([model[i] for model in client_models])
+        _float_dtype(tensor3, f"parameter {i}")
+        smoothed = tensor_svt(tensor3, thr, half_spectrum=half_spectrum)
+        for k, param in enumerate(unstack_clients(smoothed, shape)):
+            out[k][i] = param
+    return out
+
+
+def mean_model(models: Sequence[Model]) -> list[np.ndarray]:
+    """Unweighted FedAvg average ``w = (1/K) Σ_k w_k`` of each parameter.
+
+    Accumulates in float64; floating parameters are returned in their own dtype,
+    others as float64.
+
+    Raises
+    ------
+    ValueError
+        On an empty list or ragged parameter lists or shapes.
+    """
+    num_params = _check_models(models)
+    averaged: list[np.ndarray] = []
+    for i in range(num_params):
+        first = np.asarray(models[0][i])
+        stacked = np.stack([np.asarray(m[i]) for m in models])
+        avg = np.mean(stacked, axis=0, dtype=np.float64)
+        if np.issubdtype(first.dtype, np.floating):
+            avg = avg.astype(first.dtype, copy=False)
+        averaged.append(np.asarray(avg))
+    return averaged
+
+
+def smoothed_mean_model(
+    client_models: Sequence[Model],
+    threshold: float,
+    *,
+    layers: Sequence[int] | None = None,
+) -> list[np.ndarray]:
+    """Global FedCEO model on a smoothing round without the tensor SVD.
+
+    Implements the identity (module docstring; Proposition 3.2, Eq. (17))::
+
+        mean_k smooth_client_models(W, thr)[k][i] = SVT(mean_k W_k[i], thr / K),
+
+    where each averaged parameter is viewed as the (n1, n2) matrix of
+    :func:`stack_clients` (a single frontal slice). The DC slice of the unnormalised
+    DFT is ``K · mean``, and averaging the inverse DFT over clients keeps only that
+    slice, so ``SVT(K·mean, thr)/K = SVT(mean, thr/K)``. Costs one SVD per parameter
+    instead of ⌊K/2⌋+1.
+
+    Parameters
+    ----------
+    client_models, threshold, layers
+        As in :func:`smooth_client_models`; parameters outside ``layers`` are plainly
+        averaged.
+
+    Returns
+    -------
+    list of ndarray
+        The global model w'(t) = (1/K) Σ_k ŵ_k(t) (Algorithm 2; App. B.3).
+    """
+    thr = _check_threshold(threshold)
+    num_params = _check_models(client_models)
+    averaged = mean_model(client_models)
+    selected = _select_layers(client_models[0], layers, num_params)
+    scaled = thr / len(client_models)
+    for i in selected:
+        _float_dtype(np.asarray(client_models[0][i]), f"parameter {i}")
+        tensor3, shape = stack_clients([averaged[i]])
+        matrix = svt_matrix(tensor3[:, :, 0], scaled)
+        averaged[i] = unstack_clients(matrix[:, :, None], shape)[0]
+    return averaged

@@ -1,0 +1,83 @@
+"""Every record name, config key and metric key that crosses the wire, defined once.
+
+Server (strategies, server app) and clients (client app) import these names; no string
+literal for a wire key is repeated anywhere else. Keys are kebab-case like Flower's
+run config.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- record names inside a Message's RecordDict -----------------------------------
+ARRAYS: Final = "arrays"
+CONFIG: Final = "config"
+METRICS: Final = "metrics"
+META: Final = "meta"
+
+# --- message sub-actions ---------------------------------------------------------
+QUERY_BUDGET: Final = "budget"  # MessageType.QUERY -> @app.query()
+
+# --- config keys sent to clients (train / evaluate / query) ----------------------
+SERVER_ROUND: Final = "server-round"
+NUM_ROUNDS: Final = "num-rounds"
+DP_MODE: Final = "dp-mode"
+CLIP: Final = "clip"
+NOISE_MULTIPLIER: Final = "noise-multiplier"
+NOISE_SHARES: Final = "noise-shares"
+TARGET_EPSILON: Final = "target-epsilon"
+LOCAL_EPOCHS: Final = "local-epochs"
+BATCH_SIZE: Final = "batch-size"
+LEARNING_RATE: Final = "learning-rate"
+MOMENTUM: Final = "momentum"
+GRAD_SAMPLE_MODE: Final = "grad-sample-mode"
+ACCOUNTANT: Final = "accountant"
+SEED: Final = "seed"
+# PFA+: the previous round's public subspace, and the upload format asked for
+PROJECTION_BASIS_PREFIX: Final = "basis/"  # ArrayRecord key prefix, one basis per layer
+UPLOAD_FORMAT: Final = "upload-format"  # "full" | "coordinates"
+
+# --- metric keys in train / evaluate / query replies -----------------------------
+NUM_EXAMPLES: Final = "num-examples"
+EPSILON_BUDGET: Final = "epsilon-budget"
+EPSILON_SPENT: Final = "epsilon-spent"
+EPSILON_ROUND: Final = "epsilon-round"
+DELTA: Final = "delta"
+TRAIN_LOSS: Final = "train-loss"
+EVAL_LOSS: Final = "eval-loss"
+EVAL_ACCURACY: Final = "eval-accuracy"
+UPDATE_NORM: Final = "update-norm"
+CLIPPED: Final = "clipped"
+LOCAL_STEPS: Final = "local-steps"
+SAMPLE_RATE: Final = "sample-rate"
+
+# --- metadata (ConfigRecord "meta") in replies -----------------------------------
+CLIENT_ID: Final = "client-id"
+BUDGET_SOURCE: Final = "budget-source"  # "node-config" | "distribution"
+
+# --- DP modes --------------------------------------------------------------------
+DP_SGD: Final = "dpsgd"
+DP_UPDATE: Final = "update"
+DP_NONE: Final = "none"
+DP_MODES: Final = (DP_SGD, DP_UPDATE, DP_NONE)
+
+# --- error reasons a client sends (prefixes; the rest is a human message) ---------
+BUDGET_EXHAUSTED: Final = "budget-exhausted"
+
+# --- PFA+ (appended) -------------------------------------------------------------
+# A train request to a private PFA+ client carries, besides "arrays" (the global model,
+# which the client loads), a second ArrayRecord with the previous round's subspace:
+# "basis/<layer>" (d × k) and, when centred, "center/<layer>" (d,) per model array.
+PFA_BASIS_RECORD: Final = "pfa-basis"
+PROJECTION_CENTER_PREFIX: Final = "center/"
+UPLOAD_COORDINATES: Final = "coordinates"  # value of UPLOAD_FORMAT: k values per layer
+
+# --- personalized baselines PPSGD / CENTAUR (appended) -----------------------------
+# Train/evaluate config: which personal part the client keeps in its context.state and
+# never uploads. Absent or "" = no personalization.
+PERSONALIZATION: Final = "personalization"
+PERSONALIZATION_ADDITIVE: Final = "additive"  # PPSGD: predict with u + v_k
+PERSONALIZATION_HEAD: Final = "head"  # CENTAUR: shared body, local head
+PERSONALIZATION_SCHEMES: Final = (PERSONALIZATION_ADDITIVE, PERSONALIZATION_HEAD)
+PERSONAL_LR_SCALE: Final = "personal-lr-scale"  # PPSGD's α: v_k steps with α × the lr
+HEAD_EPOCHS: Final = "head-epochs"  # CENTAUR: epochs on the local head before the body

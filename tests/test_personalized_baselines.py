@@ -1,0 +1,201 @@
+"""PPSGD and CENTAUR: in-process runs, what leaves the client, personal state, evaluation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from client.app import app as client_app
+from client.personalization import (
+    STATE_KEY_PREFIX,
+    holdout_split,
+    personalize_for_evaluation,
+    train_personalized,
+)
+from client.training import LocalTrainingConfig
+from privacy.mechanisms import l2_norm
+from server.app import run_experiment
+from server.config import RunConfig
+from server.inprocess import InProcessGrid, simulation_node_configs
+from server.registry import build_strategy
+from strategies import keys
+from strategies.personalized import CENTAUR, PPSGD, head_parameter_names
+from tasks.datasets import ArrayDataset
+from tasks.models import build_model, get_weights, weight_names
+
+
+def _capture_uploads(store):
+    """A reply hook recording (request arrays, reply arrays) of every train message."""
+
+    def hook(node, request, reply):
+        if request.metadata.message_type == "train" and not reply.has_error():
+            store.append((node, int(request.content[keys.CONFIG][keys.SERVER_ROUND]),
+                          request.content[keys.ARRAYS].to_numpy_ndarrays(),
+                          reply.content[keys.ARRAYS].to_numpy_ndarrays()))
+        return reply
+
+    return hook
+
+
+def _run(cfg, hook=None):
+    grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
+    summary = run_experiment(grid, cfg, run_id=1)
+    rounds = [json.loads(line) for line in
+              (__import__("pathlib").Path(cfg["out-dir"]) / "rounds.jsonl").read_text().splitlines()]
+    return grid, summary, rounds
+
+
+@pytest.mark.parametrize(("strategy", "scheme"), [("ppsgd", "additive"), ("centaur", "head")])
+def test_private_run_completes_within_budgets_and_reports_personal_accuracy(run_config_factory, strategy, scheme):
+    cfg = run_config_factory(strategy=strategy, dp_mode="auto", model="mlp2")
+    uploads: list = []
+    grid, summary, rounds = _run(cfg, _capture_uploads(uploads))
+    assert summary["rounds_completed"] == 2 and summary["dp_mode"] == "update"
+    for c in summary["clients"]:
+        assert c["rounds_joined"] == [1, 2] and not c["rejections"]
+        assert c["within_budget"] and 0 < c["epsilon_spent"] <= c["epsilon_budget"]
+        # the ledger charged exactly the update mode's release, recomputed by the server
+        assert c["epsilon_server_recomputed_this_run"] == pytest.approx(c["epsilon_spent"], rel=1e-6)
+    for line in rounds[1:]:
+        assert 0.0 <= line["personalized_accuracy"] <= 1.0
+        assert line["personalized_clients"] == 3
+    # the personal part persists in every node's state, and is not an upload
+    for ctx in grid.contexts.values():
+        assert f"{STATE_KEY_PREFIX}.{scheme}" in ctx.state
+    if strategy == "centaur":
+        names = weight_names(build_model("mlp2", input_shape=(1, 28, 28), num_classes=10))
+        head = [i for i, n in enumerate(names) if n in head_parameter_names(names)]
+        assert head and len(uploads) == 6
+        for _, _, sent, got in uploads:
+            for i in head:  # nothing of the local head leaves the client
+                np.testing.assert_array_equal(got[i], sent[i])
+            assert not all(np.array_equal(g, s) for g, s in zip(got, sent))  # the body moved
+        for ctx in grid.contexts.values():  # ... although the local heads did train
+            local = ctx.state[f"{STATE_KEY_PREFIX}.head"].to_numpy_ndarrays()
+            assert not np.array_equal(local[0], uploads[0][2][head[0]])
+
+
+def test_non_private_ppsgd_personal_models_learn(run_config_factory):
+    cfg = run_config_factory(strategy="ppsgd", dp_mode="none", budget_distribution="none", model="mlp2")
+    _, summary, rounds = _run(cfg)
+    assert rounds[-1]["personalized_accuracy"] > 0.5  # chance is 0.1
+    assert all(c["guarantee"].startswith("none") for c in summary["clients"])
+
+
+# ------------------------------------------------------------ the client functions
+def _shard(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return ArrayDataset(rng.standard_normal((n, 1, 28, 28)).astype(np.float32),
+                        rng.integers(0, 10, n).astype(np.int64), 10, "synthetic")
+
+
+def _context():
+    return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={"seed": 3})
+
+
+def _config(scheme, **extra):
+    return ConfigRecord({keys.PERSONALIZATION: scheme, keys.DP_MODE: keys.DP_UPDATE, keys.NOISE_SHARES: 1,
+                         **extra})
+
+
+LOCAL = LocalTrainingConfig(epochs=2, batch_size=16, learning_rate=0.5, momentum=0.0, seed=5)
+
+
+def _model():
+    torch.manual_seed(0)
+    return build_model("mlp2", input_shape=(1, 28, 28), num_classes=10, seed=0)
+
+
+@pytest.mark.parametrize("scheme", ["additive", "head"])
+def test_upload_is_global_plus_clipped_shared_update(scheme):
+    clip = 0.05  # small enough that clipping binds
+    model, ctx, data = _model(), _context(), _shard()
+    global_w = get_weights(model)
+    metrics, steps = train_personalized(model, data, LOCAL, _config(scheme), ctx, clip=clip,
+                                        noise_multiplier=0.0, partition_id=0)
+    upload = get_weights(model)
+    delta = [u - g for u, g in zip(upload, global_w)]
+    assert l2_norm(delta) <= clip * (1 + 1e-6)
+    assert metrics[keys.CLIPPED] == 1.0 and metrics[keys.NUM_EXAMPLES] == 48  # 80% of 60
+    assert steps == [(0.0, 1.0, 1)]  # one release, as in update mode (here σ = 0)
+    personal = ctx.state[f"{STATE_KEY_PREFIX}.{scheme}"].to_numpy_ndarrays()
+    assert l2_norm(personal) > 0
+    if scheme == "additive":  # v_k moved, but the upload is not u + v_k
+        assert len(personal) == len(upload)
+    else:
+        names = weight_names(model)
+        for i, n in enumerate(names):
+            if n in head_parameter_names(names):
+                np.testing.assert_array_equal(upload[i], global_w[i])
+
+
+def test_ledger_charge_is_the_per_upload_multiplier():
+    model, ctx = _model(), _context()
+    _, steps = train_personalized(model, _shard(), LOCAL, _config("additive", **{keys.NOISE_SHARES: 4}), ctx,
+                                  clip=1.0, noise_multiplier=2.0, partition_id=0)
+    assert steps == [(1.0, 1.0, 1)]  # σ/√m
+
+
+def test_personal_state_carries_over_rounds_and_drives_evaluation():
+    model, ctx, data = _model(), _context(), _shard()
+    global_w = get_weights(model)
+    train_personalized(model, data, LOCAL, _config("additive"), ctx, clip=10.0, noise_multiplier=0.0,
+                       partition_id=0)
+    v1 = ctx.state[f"{STATE_KEY_PREFIX}.additive"].to_numpy_ndarrays()
+    # round 2 from the same global model: starts from v1, so it differs from a fresh client
+    fresh_ctx = _context()
+    for c in (ctx, fresh_ctx):
+        m = _model()
+        train_personalized(m, data, LOCAL, _config("additive"), c, clip=10.0, noise_multiplier=0.0,
+                           partition_id=0)
+    v2 = ctx.state[f"{STATE_KEY_PREFIX}.additive"].to_numpy_ndarrays()
+    v_fresh = fresh_ctx.state[f"{STATE_KEY_PREFIX}.additive"].to_numpy_ndarrays()
+    np.testing.assert_array_equal(v_fresh[0], v1[0])  # deterministic given the same start
+    assert not np.array_equal(v2[0], v1[0])
+    # evaluation: the personal model u + v_k on the 20% held out
+    content = RecordDict({keys.CONFIG: _config("additive")})
+    evaluated, test = personalize_for_evaluation(content, ctx, _model(), data, 0)
+    assert len(test) == 12
+    for w, g, v in zip(get_weights(evaluated), global_w, v2):
+        np.testing.assert_allclose(w, g + v, rtol=1e-6, atol=1e-7)
+    plain, same = personalize_for_evaluation(RecordDict({keys.CONFIG: ConfigRecord({})}), ctx, _model(), data, 0)
+    assert same is data
+
+
+def test_holdout_split_is_deterministic_and_disjoint():
+    data = _shard(50)
+    a_train, a_test = holdout_split(data, 1, 2)
+    b_train, b_test = holdout_split(data, 1, 2)
+    np.testing.assert_array_equal(a_test.x, b_test.x)
+    assert len(a_test) == 10 and len(a_train) == 40
+    with pytest.raises(ValueError, match=">= 2"):
+        holdout_split(_shard(1), 1, 2)
+
+
+def test_dpsgd_is_refused_and_the_head_rule():
+    with pytest.raises(ValueError, match="dp_mode"):
+        PPSGD(dp_mode=keys.DP_SGD)
+    with pytest.raises(ValueError, match="head_epochs"):
+        CENTAUR(head_epochs=0)
+    with pytest.raises(ValueError, match="personal_lr_scale"):
+        PPSGD(personal_lr_scale=-1.0)
+    assert head_parameter_names(["conv1.weight", "fc3.weight", "fc3.bias"]) == ["fc3.weight", "fc3.bias"]
+    assert head_parameter_names(["fc1.weight", "fc2.weight"]) == ["fc2.weight"]
+    with pytest.raises(ValueError, match="dp-mode"):
+        train_personalized(_model(), _shard(), LOCAL, ConfigRecord({keys.PERSONALIZATION: "head",
+                                                                     keys.DP_MODE: keys.DP_SGD}),
+                           _context(), clip=1.0, noise_multiplier=1.0, partition_id=0)
+
+
+def test_registry_builds_both_with_update_mode(run_config_factory):
+    for name, cls in (("ppsgd", PPSGD), ("centaur", CENTAUR)):
+        cfg = RunConfig.from_flower(run_config_factory(strategy=name, dp_mode="auto"))
+        assert cfg.resolved_dp_mode == "update"
+        strategy = build_strategy(cfg)
+        assert isinstance(strategy, cls) and strategy.fraction_evaluate == 1.0
+        assert math.isfinite(strategy.personal_config().get(keys.PERSONAL_LR_SCALE, 1.0))

@@ -1,0 +1,137 @@
+"""privacy.calibration: σ from a target ε never overshoots, and is tight."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from privacy.accountants import epsilon_of
+from privacy.calibration import MAX_SIGMA, epsilon_for, noise_multiplier_for
+from privacy.exceptions import PrivacyBudgetExhausted
+
+DELTA = 1e-5
+TOL = 0.01
+
+# (q, steps): sample-level DP-SGD, and client-level rounds with and without sampling
+SETTINGS = [(0.01, 1000), (0.05, 30), (1.0, 10)]
+TARGETS = [0.5, 2.0, 8.0]
+
+
+@pytest.mark.parametrize(("q", "steps"), SETTINGS)
+def test_round_trip_and_monotone(q: float, steps: int) -> None:
+    """target ε -> σ -> ε: within [target − 2·tol, target]; larger ε needs less noise."""
+    sigmas = []
+    for target in TARGETS:
+        sigma = noise_multiplier_for(target, DELTA, q, steps, tolerance=TOL)
+        eps = epsilon_of([(sigma, q, steps)], DELTA)
+        assert target - 2 * TOL <= eps <= target
+        sigmas.append(sigma)
+    assert sigmas == sorted(sigmas, reverse=True) and len(set(sigmas)) == len(sigmas)
+
+
+def test_round_trip_with_prior_history() -> None:
+    prior = [(1.2, 0.02, 500), (3.0, 1.0, 2)]
+    spent = epsilon_of(prior, DELTA)
+    for target in (spent + 0.2, spent + 2.0):
+        sigma = noise_multiplier_for(target, DELTA, 0.02, 400, prior_history=prior, tolerance=TOL)
+        total = epsilon_of([*prior, (sigma, 0.02, 400)], DELTA)
+        assert target - 2 * TOL <= total <= target
+    # the prior must be charged: without it the same target needs less noise
+    alone = noise_multiplier_for(spent + 0.2, DELTA, 0.02, 400, tolerance=TOL)
+    assert alone < noise_multiplier_for(spent + 0.2, DELTA, 0.02, 400, prior_history=prior)
+
+
+def test_never_overshoots_random_property() -> None:
+    """Property test (seeded): for random (ε, δ, q, steps, tolerance), ε(σ) <= target."""
+    rng = np.random.default_rng(20240521)
+    for _ in range(8):
+        q = float(rng.choice([0.003, 0.02, 1.0]))
+        steps = int(rng.integers(1, 400))
+        target = float(rng.uniform(0.2, 12.0))
+        delta = float(10 ** rng.uniform(-7, -3))
+        tolerance = float(rng.choice([0.001, 0.01, 0.3]))
+        sigma = noise_multiplier_for(target, delta, q, steps, tolerance=tolerance)
+        eps = epsilon_of([(sigma, q, steps)], delta)
+        assert eps <= target, (target, delta, q, steps, tolerance, sigma)
+        assert eps >= target - 2 * tolerance, (target, delta, q, steps, tolerance, sigma)
+
+
+def test_gdpfed_fmnist_noise_multiplier() -> None:
+    """GDPFed Table 3: DP-FedAvg on FMNIST (ε=0.5, δ=6000^-1.1, q=0.02, T=50) has σ² = 2.26.
+
+    The paper's value is Opacus' get_noise_multiplier (tolerance 0.01, σ_high endpoint,
+    exact value 2.25 without the tolerance), which our bisection reproduces.
+    """
+    from opacus.accountants.utils import get_noise_multiplier
+
+    sigma = noise_multiplier_for(0.5, 6000**-1.1, 0.02, 50)
+    assert round(sigma**2, 2) == 2.26
+    opacus = get_noise_multiplier(
+        target_epsilon=0.5, target_delta=6000**-1.1, sample_rate=0.02, steps=50
+    )
+    assert sigma == pytest.approx(opacus, rel=1e-12)
+
+
+def test_prv_round_trip_needs_less_noise_than_rdp() -> None:
+    sigma_prv = noise_multiplier_for(1.0, DELTA, 0.02, 200, accountant="prv", tolerance=TOL)
+    eps = epsilon_of([(sigma_prv, 0.02, 200)], DELTA, accountant="prv")
+    assert 1.0 - 2 * TOL <= eps <= 1.0
+    assert sigma_prv <= noise_multiplier_for(1.0, DELTA, 0.02, 200, accountant="rdp")
+
+
+def test_small_budget_is_reachable() -> None:
+    """PFA's MixGauss1 clients hold ε ≈ 0.1 (δ = 1e-5): must be calibratable with RDP."""
+    sigma = noise_multiplier_for(0.1, DELTA, 4 / 1200, 8000)
+    assert epsilon_of([(sigma, 4 / 1200, 8000)], DELTA) <= 0.1
+
+
+def test_prior_exhausted_raises() -> None:
+    prior = [(1.0, 0.1, 100)]
+    spent = epsilon_of(prior, DELTA)
+    with pytest.raises(PrivacyBudgetExhausted, match="already spends"):
+        noise_multiplier_for(spent, DELTA, 0.1, 1, prior_history=prior)
+    with pytest.raises(PrivacyBudgetExhausted):
+        noise_multiplier_for(1.0, DELTA, 0.1, 1, prior_history=[(0.0, 0.1, 1)])
+
+
+def test_unreachable_target_raises_value_error() -> None:
+    with pytest.raises(ValueError, match="1e\\+06"):
+        noise_multiplier_for(1e-3, DELTA, 0.01, 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"target_epsilon": 0.0}, "target_epsilon"),
+        ({"target_epsilon": -1.0}, "target_epsilon"),
+        ({"target_epsilon": math.inf}, "target_epsilon"),
+        ({"target_epsilon": float("nan")}, "target_epsilon"),
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"sample_rate": 0.0}, "sample_rate"),
+        ({"sample_rate": 1.5}, "sample_rate"),
+        ({"steps": 0}, "steps"),
+        ({"steps": 2.5}, "steps"),
+        ({"steps": True}, "steps"),
+        ({"accountant": "moments"}, "accountant"),
+        ({"tolerance": 0.0}, "tolerance"),
+        ({"prior_history": [(1.0, 0.1)]}, "prior_history"),
+    ],
+)
+def test_invalid_arguments(kwargs: dict[str, object], name: str) -> None:
+    args: dict[str, object] = {
+        "target_epsilon": 1.0, "delta": DELTA, "sample_rate": 0.1, "steps": 10
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        noise_multiplier_for(**args)  # type: ignore[arg-type]
+
+
+def test_epsilon_for() -> None:
+    assert epsilon_for(1.5, DELTA, 0.04, 2250) == epsilon_of([(1.5, 0.04, 2250)], DELTA)
+    assert epsilon_for(0.0, DELTA, 0.04, 1) == math.inf
+    with pytest.raises(ValueError, match="steps"):
+        epsilon_for(1.0, DELTA, 0.1, 0)
+    assert MAX_SIGMA == 1e6

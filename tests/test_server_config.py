@@ -1,0 +1,73 @@
+"""Bad configuration fails at the edge, with a message naming the key and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.cli import CliError, app_defaults, load_experiment, main, parse_assignment
+from server.config import STRATEGIES, ConfigError, RunConfig
+
+
+def test_the_embedded_default_is_valid_and_heterogeneous():
+    cfg = RunConfig.from_flower(app_defaults())
+    assert cfg.strategy in STRATEGIES
+    assert cfg.dataset == "fashion-mnist" and cfg.num_clients >= 10
+    assert cfg.resolved_dp_mode == "dpsgd" and cfg.budget_distribution != "constant"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "must_mention"),
+    [
+        ("strategy", "fedsgd", ["'strategy'", "fedavg-hdp", "udp-fedavg"]),
+        ("partitioner", "zipf", ["'partitioner'", "dirichlet", "shards"]),
+        ("model", "resnet", ["'model'", "lenet5"]),
+        ("dp-mode", "central", ["'dp-mode'", "dpsgd", "update"]),
+        ("accountant", "gdp", ["'accountant'", "rdp", "prv"]),
+        ("budget-distribution", "zipf", ["'budget-distribution'", "mixgauss1"]),
+        ("dataset", "imagenet", ["'dataset'", "fashion-mnist", "hf:"]),
+        ("num-server-rounds", 0, ["'num-server-rounds'", "greater than or equal to 1"]),
+        ("fraction-train", 1.5, ["'fraction-train'", "less than or equal to 1"]),
+        ("delta", 1.0, ["'delta'", "less than 1"]),
+        ("clip", -1.0, ["'clip'", "greater than 0"]),
+        ("epsilon-min", 20.0, ["'epsilon-min'", "'epsilon-max'"]),
+    ],
+)
+def test_invalid_values_name_the_key_and_the_allowed_values(key, value, must_mention):
+    raw = {**app_defaults(), key: value}
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower(raw)
+    for text in must_mention:
+        assert text in str(err.value)
+
+
+def test_unknown_key_is_rejected_with_the_allowed_keys():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), "num-rounds": 3})
+    assert "'num-rounds'" in str(err.value) and "num-server-rounds" in str(err.value)
+
+
+def test_non_private_mode_needs_clients_without_a_budget():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), "dp-mode": "none", "budget-distribution": "uniform"})
+    assert "budget-distribution" in str(err.value)
+
+
+def test_cli_overrides_are_typed_and_checked(tmp_path):
+    assert parse_assignment("learning-rate=0.1") == ("learning-rate", 0.1)
+    assert parse_assignment("strategy=fedavg") == ("strategy", "fedavg")
+    with pytest.raises(CliError, match="unknown config key"):
+        load_experiment(None, ["nonsense=1"], None)
+    with pytest.raises(CliError, match="'num-server-rounds' must be a int"):
+        load_experiment(None, ["num-server-rounds=two"], None)
+    exp = tmp_path / "exp.toml"
+    exp.write_text('strategy = "minimum"\nnum-server-rounds = 7\n')
+    merged = load_experiment(str(exp), ["num-server-rounds=9"], str(tmp_path / "out"))
+    assert merged["strategy"] == "minimum" and merged["num-server-rounds"] == 9
+    assert merged["out-dir"] == str((tmp_path / "out").resolve())
+
+
+def test_cli_reports_errors_without_a_traceback(capsys, tmp_path):
+    assert main(["run", "--set", "partitioner=zipf"]) == 2
+    assert "'partitioner'" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a privet results directory" in capsys.readouterr().err
