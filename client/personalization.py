@@ -46,7 +46,7 @@ from privacy.mechanisms import local_noise_multiplier, privatize_update
 from strategies import keys
 from strategies.personalized import head_parameter_names
 from tasks.datasets import ArrayDataset
-from tasks.models import get_weights, set_weights, train_plain, unwrap, weight_names
+from tasks.models import _seeded_torch, get_weights, set_weights, train_plain, unwrap, weight_names
 
 log = logging.getLogger(__name__)
 
@@ -170,19 +170,20 @@ def _train_additive(
     generator = torch.Generator().manual_seed(cfg.seed)
     module.train()
     total, seen, steps = 0.0, 0, 0
-    for _ in range(cfg.epochs):
-        order = torch.randperm(len(data), generator=generator).numpy()
-        for start in range(0, len(data), cfg.batch_size):
-            rows = order[start: start + cfg.batch_size]
-            x, y = torch.tensor(data.x[rows]), torch.tensor(data.y[rows])
-            optimizer.zero_grad(set_to_none=True)
-            logits = functional_call(module, {n: u_t[n] + v_t[n] for n in state}, (x,))
-            loss = F.cross_entropy(logits, y)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(y)
-            seen += len(y)
-            steps += 1
+    with _seeded_torch(cfg.seed):  # dropout draws, as in train_plain
+        for _ in range(cfg.epochs):
+            order = torch.randperm(len(data), generator=generator).numpy()
+            for start in range(0, len(data), cfg.batch_size):
+                rows = order[start: start + cfg.batch_size]
+                x, y = torch.tensor(data.x[rows]), torch.tensor(data.y[rows])
+                optimizer.zero_grad(set_to_none=True)
+                logits = functional_call(module, {n: u_t[n] + v_t[n] for n in state}, (x,))
+                loss = F.cross_entropy(logits, y)
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach()) * len(y)
+                seen += len(y)
+                steps += 1
     u = {n: t.detach().numpy().copy() for n, t in u_t.items()}
     v_new = {n: t.detach().numpy().copy() for n, t in v_t.items()}
     return u, v_new, {keys.TRAIN_LOSS: total / seen, keys.LOCAL_STEPS: float(steps)}

@@ -24,7 +24,8 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +37,6 @@ from privacy._validation import (
     check_release,
     check_step,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from opacus.accountants import PRVAccountant, RDPAccountant
 
 __all__ = [
     "ACCOUNTANTS",
@@ -93,15 +91,16 @@ BUDGET_RTOL = 1e-9
 SCHEMA_VERSION = 1
 
 
-def _opacus() -> tuple[type[RDPAccountant], type[PRVAccountant]]:
-    """Import Opacus lazily: it pulls in torch, which only accounting needs."""
+def _opacus_accountants() -> ModuleType:
+    """``opacus.accountants``, imported lazily: it pulls in torch, which only accounting needs."""
     try:
-        from opacus.accountants import PRVAccountant, RDPAccountant
+        import opacus.accountants
+        import opacus.accountants.analysis.rdp
     except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
         raise ImportError(
             "privacy accounting needs Opacus; install it with `pip install opacus==1.6.0`"
         ) from exc
-    return RDPAccountant, PRVAccountant
+    return opacus.accountants
 
 
 def canonical_history(history: Iterable[Sequence[Any]]) -> tuple[Step, ...]:
@@ -204,24 +203,38 @@ def _epsilon_cached(steps: tuple[Step, ...], delta: float, accountant: str) -> f
 
 
 def _rdp_epsilon(steps: tuple[Step, ...], delta: float) -> float:
-    rdp_cls, _ = _opacus()
-    acc = rdp_cls()
-    acc.history = list(steps)
+    """Exactly ``RDPAccountant.get_epsilon(delta, alphas=RDP_ORDERS)`` on ``steps``.
+
+    Opacus' accountant sums ``compute_rdp(q, σ, n, orders)`` (= n · per-step RDP) over the
+    history and converts once; we do the same, but keep each (σ, q)'s per-step RDP curve
+    in a cache, so a ledger that grows round by round does not recompute old entries.
+    """
+    analysis = _opacus_accountants().analysis.rdp
+    orders = RDP_ORDERS
+    rdp = sum([np.asarray(_rdp_curve(sigma, rate, orders)) * count for sigma, rate, count in steps])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        eps = float(acc.get_epsilon(delta=delta, alphas=list(RDP_ORDERS)))
+        eps, _ = analysis.get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
     for w in caught:  # "Optimal order is the smallest/largest alpha": still a valid bound
         log.debug("RDP accountant: %s", w.message)
+    eps = float(eps)
     if math.isnan(eps):
         return math.inf
     return max(0.0, eps)  # the conversion can dip below 0 for negligible RDP; ε >= 0
 
 
+@lru_cache(maxsize=4096)
+def _rdp_curve(sigma: float, rate: float, orders: tuple[float, ...]) -> tuple[float, ...]:
+    """Per-step RDP of the q-subsampled Gaussian with multiplier σ at each order."""
+    analysis = _opacus_accountants().analysis.rdp
+    curve = analysis.compute_rdp(q=rate, noise_multiplier=sigma, steps=1, orders=list(orders))
+    return tuple(float(x) for x in curve)
+
+
 def _prv_epsilon(steps: tuple[Step, ...], delta: float, rdp_eps: float) -> float:
     if not math.isfinite(rdp_eps) or rdp_eps > PRV_MAX_EPSILON:
         return rdp_eps
-    _, prv_cls = _opacus()
-    acc = prv_cls()
+    acc = _opacus_accountants().PRVAccountant()
     acc.history = list(steps)
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():

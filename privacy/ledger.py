@@ -78,7 +78,7 @@ class PrivacyLedger:
         ``(σ, q)`` entries are merged.
     rounds, run_ids : list of int
         Parallel lists, one entry per :meth:`record` call: the server round and the run id
-        of that release. ``len(set(zip(run_ids, rounds)))`` is the number of rounds joined.
+        of that release (:meth:`rounds_joined` counts the distinct pairs).
 
     Notes
     -----
@@ -103,7 +103,8 @@ class PrivacyLedger:
             values = getattr(self, name)
             if not isinstance(values, (list, tuple)):
                 raise ValueError(f"{name} must be a list of integers; found {values!r}")
-            setattr(self, name, [check_int(f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values)])
+            checked = [check_int(f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values)]
+            setattr(self, name, checked)
         if len(self.rounds) != len(self.run_ids):
             raise ValueError(
                 "rounds and run_ids must have one entry per record; found "
@@ -123,6 +124,10 @@ class PrivacyLedger:
         if math.isinf(self.epsilon_budget):
             return math.inf
         return max(0.0, self.epsilon_budget - self.spent())
+
+    def rounds_joined(self) -> int:
+        """Number of distinct (run, server round) pairs in which something was recorded."""
+        return len(set(zip(self.run_ids, self.rounds)))
 
     def would_exceed(self, noise_multiplier: float, sample_rate: float, steps: int) -> bool:
         """Whether recording ``(σ, q, steps)`` would take cumulative ε past the budget.
@@ -212,7 +217,9 @@ class PrivacyLedger:
             raise ValueError(f"ledger 'kind' must be {LEDGER_KIND!r}; found {state['kind']!r}")
         version = check_int("schema_version", state["schema_version"], minimum=0)
         if version != SCHEMA_VERSION:
-            raise ValueError(f"ledger schema_version {version} is not supported; supported: {SCHEMA_VERSION}")
+            raise ValueError(
+                f"ledger schema_version {version} is not supported; supported: {SCHEMA_VERSION}"
+            )
         budget = state["epsilon_budget"]
         for name in ("history", "rounds", "run_ids"):
             if not isinstance(state[name], list):

@@ -61,8 +61,18 @@ def l2_norm(arrays: Sequence[np.ndarray]) -> float:
     An empty sequence has norm 0. Computed as a hypotenuse of per-array norms, so it does
     not overflow before the result itself does.
     """
-    norms = [float(np.linalg.norm(np.asarray(a, dtype=np.float64).ravel())) for a in arrays]
+    norms = [_array_norm(np.asarray(a, dtype=np.float64).ravel()) for a in arrays]
     return math.hypot(*norms) if norms else 0.0
+
+
+def _array_norm(flat: np.ndarray) -> float:
+    with np.errstate(over="ignore"):
+        norm = float(np.sqrt(flat @ flat))
+    if math.isinf(norm) and np.isfinite(flat).all():  # squares overflowed: rescale
+        peak = float(np.abs(flat).max())
+        scaled = flat / peak
+        norm = peak * float(np.sqrt(scaled @ scaled))
+    return norm
 
 
 def clip_update(

@@ -122,6 +122,8 @@ def _free_port() -> int:
 
 def _flwr_env(flwr_home: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # Flower starts flower-superlink / flwr-simulation by name: put this venv's bin first
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update({
         "FLWR_HOME": str(flwr_home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",

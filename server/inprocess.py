@@ -22,7 +22,7 @@ from flwr.supercore.task_identity import TaskIdentity
 #: A hook that may replace (tamper with) or drop (return None) a node's reply: for tests.
 ReplyHook = Callable[[int, Message, Message], Message | None]
 
-FIRST_NODE_ID = 100
+FIRST_NODE_ID = 2**63 + 100  # real node ids are uint64: exercise ids above int64
 ERROR_CLIENT_EXCEPTION = 5000
 
 

@@ -260,7 +260,8 @@ class PrivacyAwareFedAvg(FedAvg):
             return []
         size = min(len(eligible), max(self.min_train_nodes, int(self.fraction_train * len(eligible))))
         rng = np.random.default_rng([self.seed, server_round])
-        return sorted(int(n) for n in rng.choice(sorted(eligible), size=size, replace=False))
+        pool = sorted(eligible)  # node ids are up to 2**64: pick indices, never the ids via numpy
+        return sorted(pool[int(i)] for i in rng.choice(len(pool), size=size, replace=False))
 
     # -------------------------------------------------------- configure_train
     def configure_train(

@@ -224,6 +224,6 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
-def have(*tools: str) -> list[str]:
+def missing(*tools: str) -> list[str]:
     """The tools of ``tools`` that are missing from PATH."""
     return [t for t in tools if shutil.which(t) is None]

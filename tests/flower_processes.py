@@ -27,6 +27,8 @@ def free_port() -> int:
 
 def flwr_env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # Flower starts flower-superlink / flwr-simulation by name: put this venv's bin first
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update({
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,8 +46,7 @@ def _capture_uploads(store):
 def _run(cfg, hook=None):
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     summary = run_experiment(grid, cfg, run_id=1)
-    rounds = [json.loads(line) for line in
-              (__import__("pathlib").Path(cfg["out-dir"]) / "rounds.jsonl").read_text().splitlines()]
+    rounds = [json.loads(line) for line in (Path(cfg["out-dir"]) / "rounds.jsonl").read_text().splitlines()]
     return grid, summary, rounds
 
 

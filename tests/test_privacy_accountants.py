@@ -10,6 +10,8 @@ import itertools
 import json
 import logging
 import math
+from collections.abc import Callable
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -147,6 +149,17 @@ def test_flower_golden_values() -> None:
     """Flower 1.42 (non-amplified releases, σ=1): ε = 4.73 / 7.08 / 9.01 after 1/2/3."""
     got = [epsilon_of([(1.0, 1.0, k)], DELTA) for k in (1, 2, 3)]
     assert got == pytest.approx([4.73, 7.08, 9.01], abs=5e-3)
+
+
+def test_equals_opacus_accountant_on_a_mixed_history() -> None:
+    """Our cached per-(σ, q) RDP curves give Opacus' RDPAccountant result to round-off."""
+    from opacus.accountants import RDPAccountant
+
+    history = [(1.1, 0.02, 300), (4.0, 1.0, 3), (0.9, 0.25, 7), (1.1, 0.02, 100)]
+    opacus = RDPAccountant()
+    opacus.history = list(history)
+    expected = opacus.get_epsilon(DELTA, alphas=list(RDP_ORDERS))
+    assert epsilon_of(history, DELTA) == pytest.approx(expected, rel=1e-12)
 
 
 def test_rdp_orders_extend_opacus_defaults() -> None:
@@ -336,7 +349,9 @@ def test_accountant_state_round_trip_through_json() -> None:
         (lambda s: s.update(history=[[1.0, 0.1, -3]]), r"history\[0\] num_steps"),
     ],
 )
-def test_accountant_rejects_malformed_state(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_accountant_rejects_malformed_state(
+    mutate: Callable[[dict[str, Any]], object], message: str
+) -> None:
     state = PrivacyAccountant("rdp", [(1.0, 0.1, 3)]).to_dict()
     mutate(state)
     with pytest.raises(ValueError, match=message):

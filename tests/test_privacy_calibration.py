@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def test_round_trip_with_prior_history() -> None:
 def test_never_overshoots_random_property() -> None:
     """Property test (seeded): for random (ε, δ, q, steps, tolerance), ε(σ) <= target."""
     rng = np.random.default_rng(20240521)
-    for _ in range(8):
+    for _ in range(6):
         q = float(rng.choice([0.003, 0.02, 1.0]))
         steps = int(rng.integers(1, 400))
         target = float(rng.uniform(0.2, 12.0))
@@ -68,9 +69,11 @@ def test_gdpfed_fmnist_noise_multiplier() -> None:
 
     sigma = noise_multiplier_for(0.5, 6000**-1.1, 0.02, 50)
     assert round(sigma**2, 2) == 2.26
-    opacus = get_noise_multiplier(
-        target_epsilon=0.5, target_delta=6000**-1.1, sample_rate=0.02, steps=50
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus: "optimal order is the largest alpha"
+        opacus = get_noise_multiplier(
+            target_epsilon=0.5, target_delta=6000**-1.1, sample_rate=0.02, steps=50
+        )
     assert sigma == pytest.approx(opacus, rel=1e-12)
 
 

@@ -77,6 +77,7 @@ FEDCEO_TABLE2_CIFAR: dict[float, tuple[float, float, int]] = {
     2.0: (0.6, 1.04, 10),
 }
 SMOOTHING_EVENT = 10  # the authors' code attacks at the 10th smoothing round
+GREY = "no attack: mid-grey image"
 
 
 # ------------------------------------------------------------------------ model
@@ -153,46 +154,56 @@ def dlg_reconstruct(
     input_shape: tuple[int, int, int],
     num_classes: int,
     *,
-    iterations: int = 100,
+    iterations: int = 60,
+    restarts: int = 1,
     lr: float = 1.0,
     seed: int = 0,
-    tol: float = 1e-10,
     patience: int = 10,
+    success: float = 1e-4,
 ) -> tuple[torch.Tensor, float]:
     """DLG: argmin over (x', y') of Σ‖∇_θ ℓ(f(x'), softmax(y')) − g‖², by L-BFGS.
 
-    Returns the dummy image with the lowest matching loss seen and that loss. Stops
-    early once the loss is below ``tol``, when ``patience`` steps in a row improve it by
-    less than 0.1%, or when L-BFGS diverges (NaN).
+    Up to ``restarts`` random dummy initialisations (seeds ``seed``, ``seed + 1``, ...)
+    of at most ``iterations`` L-BFGS steps each; a run stops early when its loss falls
+    below ``success`` × ‖g‖², when ``patience`` steps in a row improve it by less than
+    0.1%, or when L-BFGS diverges (NaN). Restarting stops at the first run below
+    ``success`` × ‖g‖². Returns the dummy image with the lowest matching loss seen over
+    all runs, and that loss: everything the attacker can judge without the true image.
     """
-    gen = torch.Generator().manual_seed(seed)
-    dummy_x = torch.randn((1, *input_shape), generator=gen).requires_grad_(True)
-    dummy_y = torch.randn((1, num_classes), generator=gen).requires_grad_(True)
     params = list(model.parameters())
     target = [g.detach() for g in target_grad]
-    optimizer = torch.optim.LBFGS([dummy_x, dummy_y], lr=lr)
+    goal = success * float(sum((t.double() ** 2).sum() for t in target))
+    best_x, best = torch.full((1, *input_shape), 0.5), math.inf
+    for run in range(restarts):
+        gen = torch.Generator().manual_seed(seed + run)
+        dummy_x = torch.randn((1, *input_shape), generator=gen).requires_grad_(True)
+        dummy_y = torch.randn((1, num_classes), generator=gen).requires_grad_(True)
+        optimizer = torch.optim.LBFGS([dummy_x, dummy_y], lr=lr)
 
-    def matching_loss() -> torch.Tensor:
-        loss = torch.sum(-F.softmax(dummy_y, dim=-1) * F.log_softmax(model(dummy_x), dim=-1))
-        grads = torch.autograd.grad(loss, params, create_graph=True)
-        return sum(((g - t) ** 2).sum() for g, t in zip(grads, target))
+        def matching_loss() -> torch.Tensor:
+            loss = torch.sum(-F.softmax(dummy_y, dim=-1) * F.log_softmax(model(dummy_x), dim=-1))
+            grads = torch.autograd.grad(loss, params, create_graph=True)
+            return sum(((g - t) ** 2).sum() for g, t in zip(grads, target))
 
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        diff = matching_loss()
-        diff.backward()
-        return diff
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            diff = matching_loss()
+            diff.backward()
+            return diff
 
-    best_x, best, stalled = dummy_x.detach().clone(), math.inf, 0
-    for _ in range(iterations):
-        optimizer.step(closure)
-        current = float(matching_loss().detach())
-        if not math.isfinite(current) or not torch.isfinite(dummy_x).all():
-            break  # L-BFGS diverged; keep the best so far
-        stalled = stalled + 1 if current > best * (1 - 1e-3) else 0
-        if current < best:
-            best, best_x = current, dummy_x.detach().clone()
-        if best < tol or stalled >= patience:
+        run_best, stalled = math.inf, 0
+        for _ in range(iterations):
+            optimizer.step(closure)
+            current = float(matching_loss().detach())
+            if not math.isfinite(current) or not torch.isfinite(dummy_x).all():
+                break  # L-BFGS diverged; keep the best so far
+            stalled = stalled + 1 if current > run_best * (1 - 1e-3) else 0
+            run_best = min(run_best, current)
+            if current < best:
+                best, best_x = current, dummy_x.detach().clone()
+            if run_best < goal or stalled >= patience:
+                break
+        if best < goal:
             break
     return best_x[0], best
 
@@ -234,7 +245,8 @@ def run_attacks(
     num_clients: int = 10,
     clip: float = 1.0,
     lr: float = 0.1,
-    iterations: int = 100,
+    iterations: int = 60,
+    restarts: int = 3,
     seed: int = 0,
 ) -> list[AttackResult]:
     """FedAvg, UDP-FedAvg(σ) and FedCEO(σ) attacks on each target image.
@@ -253,7 +265,7 @@ def run_attacks(
         def attack(setting: str, sigma: float, delta: Sequence[np.ndarray]) -> None:
             start = time.perf_counter()
             x, loss = dlg_reconstruct(model, gradient_from_update(delta, lr), tuple(images.shape[1:]), 10,
-                                      iterations=iterations, seed=seed + 7 * t_i)
+                                      iterations=iterations, restarts=restarts, seed=seed + 100 * t_i)
             value = psnr(x.numpy(), images[0])
             results.append(AttackResult(setting, sigma, int(index), value, loss, np.clip(x.numpy(), 0, 1)))
             log.info("image %d %-10s sigma=%.1f PSNR %.2f dB (match %.3g, %.1fs)", index, setting, sigma,
@@ -267,12 +279,14 @@ def run_attacks(
             lam, theta, interval = FEDCEO_TABLE2_CIFAR[sigma]
             thr = smoothing_threshold(SMOOTHING_EVENT * interval, lam=lam, theta=theta, interval=interval)
             attack("FedCEO", sigma, fedceo_smoothed_update(w0, uploads, 0, thr))
+        grey = np.full_like(images[0], 0.5)
+        results.append(AttackResult(GREY, 0.0, int(index), psnr(grey, images[0]), math.nan, grey))
     return results
 
 
 # ------------------------------------------------------------------- reports
-def format_table(results: Sequence[AttackResult], *, iterations: int, elapsed: float) -> str:
-    """Markdown: mean PSNR (and per image) for each setting."""
+def format_table(results: Sequence[AttackResult], *, iterations: int, restarts: int, elapsed: float) -> str:
+    """Markdown: mean PSNR (and per image) for each setting, and the paper's claim."""
     settings: list[tuple[str, float]] = []
     for r in results:
         if (r.setting, r.sigma) not in settings:
@@ -281,8 +295,10 @@ def format_table(results: Sequence[AttackResult], *, iterations: int, elapsed: f
     lines = [
         "# DLG attack on one client's upload (FedCEO Fig. 3 protocol, Fashion-MNIST)",
         "",
-        f"Sigmoid LeNet (DLG), one SGD step on one image per client, K = 10, C = 1, "
-        f"L-BFGS {iterations} steps; PSNR in dB (lower = better protection). "
+        f"Sigmoid LeNet (DLG), one SGD step (η = 0.1) on one image per client, K = 10, C = 1, "
+        f"noise N(0, σ_g²C²/K) per upload; DLG with L-BFGS, up to {restarts} random starts of "
+        f"{iterations} steps, the best gradient match kept. PSNR in dB on [0, 1] pixels "
+        f"(lower = better protection). The last row is no attack at all: a mid-grey image. "
         f"Generated by `experiments/fedceo/dlg_attack.py` in {elapsed:.0f} s.",
         "",
         "| framework | σ_g | mean PSNR | " + " | ".join(f"image {t}" for t in targets) + " |",
@@ -293,6 +309,12 @@ def format_table(results: Sequence[AttackResult], *, iterations: int, elapsed: f
         mean = float(np.mean([row[t] for t in targets]))
         lines.append(f"| {setting} | {'-' if sigma == 0 else f'{sigma:g}'} | {mean:.2f} | "
                      + " | ".join(f"{row[t]:.2f}" for t in targets) + " |")
+    lines += [
+        "",
+        "Paper (FedCEO §5.3, Fig. 3, CIFAR-10, PSNR values only inside the figure): DLG "
+        "recovers the image from the FedAvg upload, while UDP-FedAvg and FedCEO (attacked "
+        "after its low-rank smoothing) both resist with similarly low PSNR.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -333,15 +355,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("dlg.md"))
     parser.add_argument("--png", type=Path, default=None, help="also write a mosaic of the reconstructions")
     parser.add_argument("--targets", type=int, nargs="+", default=[25, 50, 100])
-    parser.add_argument("--iterations", type=int, default=100, help="L-BFGS steps (each up to 20 evaluations)")
+    parser.add_argument("--iterations", type=int, default=60, help="L-BFGS steps per run (each <= 20 evaluations)")
+    parser.add_argument("--restarts", type=int, default=3, help="random dummy initialisations per attack")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
     start = time.perf_counter()
-    results = run_attacks(args.targets, iterations=args.iterations, seed=args.seed)
+    results = run_attacks(args.targets, iterations=args.iterations, restarts=args.restarts, seed=args.seed)
     elapsed = time.perf_counter() - start
-    args.out.write_text(format_table(results, iterations=args.iterations, elapsed=elapsed))
+    args.out.write_text(format_table(results, iterations=args.iterations, restarts=args.restarts,
+                                     elapsed=elapsed))
     log.info("wrote %s", args.out)
     if args.png is not None:
         images, _ = load_images(args.targets)

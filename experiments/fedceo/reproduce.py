@@ -38,6 +38,8 @@ METHODS = ("udp-fedavg", "fedceo-theta1", "fedceo")
 LABELS = {"udp-fedavg": "UDP-FedAvg", "fedceo-theta1": "FedCEO (ϑ=1)", "fedceo": "FedCEO (ϑ>1)"}
 
 sys.path.insert(0, str(ROOT))
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one BLAS thread per run: the SVDs thrash otherwise
 
 
 def load_grid() -> dict[str, Any]:
@@ -45,8 +47,8 @@ def load_grid() -> dict[str, Any]:
         return tomllib.load(fh)
 
 
-def run_key(model: str, method: str, sigma: float, seed: int, lam: float | None = None) -> str:
-    key = f"{model}/{method}/sigma{sigma:g}/seed{seed}"
+def run_key(dataset: str, model: str, method: str, sigma: float, seed: int, lam: float | None = None) -> str:
+    key = f"{dataset}/{model}/{method}/sigma{sigma:g}/seed{seed}"
     return key if lam is None else f"{key}/lambda{lam:g}"
 
 
@@ -112,33 +114,37 @@ def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool) -
                   f"eps {result['epsilon_spent_max']:.3g} ({result['wall_seconds']:.0f}s)", flush=True)
 
 
+def _job(model, method, sigma, seed, fedceo, overrides, lam=None):
+    cfg = run_config(model, method, sigma, seed, fedceo, overrides)
+    return run_key(cfg["dataset"], model, method, sigma, seed, lam), cfg
+
+
 def grid_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every method at every σ_g with the grid's λ, ϑ, I, on the evaluation seeds."""
     spec = grid[model]
-    jobs = []
-    for seed in grid["seeds"]:
-        for i, sigma in enumerate(spec["sigma"]):
-            fedceo = {name: spec[name][i] for name in ("lambda", "theta", "interval")}
-            for method in METHODS:
-                jobs.append((run_key(model, method, sigma, seed),
-                             run_config(model, method, sigma, seed, fedceo, overrides)))
-    return jobs
+    return [
+        _job(model, method, sigma, seed, {name: spec[name][i] for name in ("lambda", "theta", "interval")}, overrides)
+        for seed in grid["seeds"]
+        for i, sigma in enumerate(spec["sigma"])
+        for method in METHODS
+    ]
 
 
 def tune_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """FedCEO (ϑ>1) over the λ grid, and UDP-FedAvg, on the tuning seed only."""
+    """UDP-FedAvg, and FedCEO (ϑ>1) over the λ grid, on the tuning seed only."""
     spec, seed = grid[model], grid["tune-seed"]
     jobs = []
     for i, sigma in enumerate(spec["sigma"]):
-        jobs.append((run_key(model, "udp-fedavg", sigma, seed), run_config(model, "udp-fedavg", sigma, seed, {}, overrides)))
+        jobs.append(_job(model, "udp-fedavg", sigma, seed, {}, overrides))
         for lam in spec["tune-lambda"]:
             fedceo = {"lambda": lam, "theta": spec["theta"][i], "interval": spec["interval"][i]}
-            jobs.append((run_key(model, "fedceo", sigma, seed, lam),
-                         run_config(model, "fedceo", sigma, seed, fedceo, overrides)))
+            jobs.append(_job(model, "fedceo", sigma, seed, fedceo, overrides, lam))
     return jobs
 
 
 # ------------------------------------------------------------------------------ report
 def _stats(values: list[float]) -> str:
+    """Mean ± sample std over seeds, in percent (one value: itself)."""
     pct = [100 * v for v in values]
     if not pct:
         return "–"
@@ -147,50 +153,62 @@ def _stats(values: list[float]) -> str:
     return f"{statistics.fmean(pct):.2f} ± {statistics.stdev(pct):.2f}"
 
 
-def results_table(model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> list[str]:
-    spec = grid[model]
-    paper = spec["paper"]
-    rows = ["| σ_g | " + " | ".join(f"{LABELS[m]} ours" for m in METHODS)
-            + " | FedCEO − UDP (ours, pp) | ε spent (max client) | paper: UDP-FedAvg | PPSGD | CENTAUR | FedCEO (ϑ=1) | FedCEO (ϑ>1) |",
-            "|---|" + "---:|" * (len(METHODS) + 2) + "---:|---|---|---:|---:|"]
+def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> str:
+    """Ours (mean ± std over seeds), the FedCEO − UDP-FedAvg gap per seed, ε, the paper's row."""
+    spec, paper = grid[model], grid[model]["paper"]
+    baselines = _registered_baselines()
+    rows = ["| σ_g | " + " | ".join(f"{LABELS[m]}" for m in METHODS) + " | FedCEO − UDP (pp) | max ε spent "
+            "| paper: UDP-FedAvg | PPSGD | CENTAUR | FedCEO (ϑ=1) | FedCEO (ϑ>1) | paper gap (pp) |",
+            "|---|" + "---:|" * (len(METHODS) + 2) + "---:|---:|---:|---:|---:|---:|"]
     for i, sigma in enumerate(spec["sigma"]):
-        cells, per_seed, eps = [], {}, []
+        cells, by_seed, eps = [], {}, []
         for method in METHODS:
-            runs = [done.get(run_key(model, method, sigma, s)) for s in grid["seeds"]]
-            runs = [r for r in runs if r]
-            per_seed[method] = {r["config"]["seed"]: r[metric] for r in runs}
+            runs = [r for s in grid["seeds"] if (r := done.get(run_key(dataset, model, method, sigma, s)))]
+            by_seed[method] = {r["config"]["seed"]: r[metric] for r in runs}
             eps += [r["epsilon_spent_max"] for r in runs]
             cells.append(_stats([r[metric] for r in runs]))
-        gaps = [per_seed["fedceo"][s] - per_seed["udp-fedavg"][s]
-                for s in per_seed["fedceo"] if s in per_seed["udp-fedavg"]]
-        gap = _stats(gaps) if gaps else "–"
-        eps_cell = f"{max(eps):.2f}" if eps else "–"
-        p = [f"{x:.2f}%" if isinstance(x, float) else x for x in
-             (paper["udp-fedavg"][i], paper["ppsgd"][i], paper["centaur"][i], paper["fedceo-theta1"][i], paper["fedceo"][i])]
-        rows.append(f"| {sigma:g} | " + " | ".join(cells) + f" | {gap} | {eps_cell} | " + " | ".join(p) + " |")
-    return rows
+        gaps = [v - by_seed["udp-fedavg"][s] for s, v in by_seed["fedceo"].items() if s in by_seed["udp-fedavg"]]
+        theirs = [paper[m][i] for m in ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")]
+        theirs_cells = [f"{x:.2f}" if m in ("udp-fedavg", "fedceo-theta1", "fedceo") or baselines else
+                        f"{x:.2f} (see baselines)" for m, x in zip(("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo"), theirs)]
+        rows.append(f"| {sigma:g} | " + " | ".join(cells) + f" | {_stats(gaps)} | "
+                    + (f"{max(eps):.2f}" if eps else "–") + " | " + " | ".join(theirs_cells)
+                    + f" | {paper['fedceo'][i] - paper['udp-fedavg'][i]:+.2f} |")
+    return "\n".join(rows)
 
 
-def write_report(grid: dict[str, Any]) -> None:
+def _registered_baselines() -> bool:
+    """Whether PPSGD and CENTAUR exist in this checkout (another module implements them)."""
+    from server.config import STRATEGIES
+
+    return "ppsgd" in STRATEGIES and "centaur" in STRATEGIES
+
+
+def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
+    spec, seed = grid[model], grid["tune-seed"]
+    rows = ["| σ_g | UDP-FedAvg | " + " | ".join(f"FedCEO λ={lam:g}" for lam in spec["tune-lambda"]) + " |",
+            "|---|---:|" + "---:|" * len(spec["tune-lambda"])]
+    for i, sigma in enumerate(spec["sigma"]):
+        udp = done.get(run_key(dataset, model, "udp-fedavg", sigma, seed))
+        cells = [udp] + [done.get(run_key(dataset, model, "fedceo", sigma, seed, lam)) for lam in spec["tune-lambda"]]
+        rows.append(f"| {sigma:g} | " + " | ".join(
+            f"{100 * r['final_accuracy']:.2f} / {100 * r['best_accuracy']:.2f}" if r else "–" for r in cells) + " |")
+    return "\n".join(rows)
+
+
+def write_report(grid: dict[str, Any], dataset: str) -> None:
+    """Fill ``results.template.md`` with the tables of every model that has runs."""
     done = json.loads(RUNS_JSON.read_text()) if RUNS_JSON.exists() else {}
-    template = (HERE / "results.template.md").read_text()
     tables = {}
     for model in ("mlp2", "lenet5"):
         for metric in ("final_accuracy", "best_accuracy"):
-            tables[f"{model}_{metric}"] = "\n".join(results_table(model, grid, done, metric))
-        tune = []
-        spec = grid[model]
-        for i, sigma in enumerate(spec["sigma"]):
-            udp = done.get(run_key(model, "udp-fedavg", sigma, grid["tune-seed"]))
-            cells = [f"{100 * r['final_accuracy']:.2f}" if (r := done.get(run_key(model, "fedceo", sigma, grid["tune-seed"], lam))) else "–"
-                     for lam in spec["tune-lambda"]]
-            tune.append(f"| {sigma:g} | {100 * udp['final_accuracy']:.2f} | " if udp else f"| {sigma:g} | – | ")
-            tune[-1] += " | ".join(cells) + " |"
-        header = "| σ_g | UDP-FedAvg | " + " | ".join(f"λ={lam:g}" for lam in spec["tune-lambda"]) + " |"
-        tables[f"{model}_tune"] = "\n".join([header, "|---|---:|" + "---:|" * len(spec["tune-lambda"]), *tune])
-        times = [r["wall_seconds"] for k, r in done.items() if k.startswith(model + "/")]
-        tables[f"{model}_runs"] = f"{len(times)} runs, {sum(times) / 60:.1f} min wall in total" if times else "not run"
-    (HERE / "results.md").write_text(template.format(**tables))
+            tables[f"{model}_{metric}"] = results_table(dataset, model, grid, done, metric)
+        tables[f"{model}_tune"] = tune_table(dataset, model, grid, done)
+        runs = [r for k, r in done.items() if k.startswith(f"{dataset}/{model}/")]
+        tables[f"{model}_runs"] = (f"{len(runs)} runs, {sum(r['wall_seconds'] for r in runs) / 60:.0f} min "
+                                   "of wall time in total" if runs else "not run")
+    template = (HERE / "results.template.md").read_text()
+    (HERE / "results.md").write_text(template.format(dataset=dataset, **tables))
     print(f"wrote {HERE / 'results.md'}")
 
 
@@ -211,7 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command != "report":
         jobs = (grid_jobs if args.command == "run" else tune_jobs)(args.model, grid, overrides)
         run_all(jobs, args.jobs, args.force)
-    write_report(grid)
+    with open(HERE / f"{args.model}.toml", "rb") as fh:
+        dataset = str(overrides.get("dataset", tomllib.load(fh)["dataset"]))
+    write_report(grid, dataset)
 
 
 if __name__ == "__main__":

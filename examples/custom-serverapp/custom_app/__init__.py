@@ -1,0 +1,1 @@
+"""A third-party Flower app that reuses privet's strategy (see ../README.md)."""

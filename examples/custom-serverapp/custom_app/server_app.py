@@ -1,0 +1,72 @@
+"""Someone else's ServerApp: its own model setup, evaluation and output, privet's strategy.
+
+``FedAvgHDP`` brings privet's budget handshake, budget-aware sampling, reply validation and
+per-client ε bookkeeping; everything else here is this app's own choice. The train config
+carries the keys privet's ClientApp reads (``strategies.keys``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from strategies import keys
+from strategies.baselines import FedAvgHDP
+from tasks.models import build_model, get_weights, weight_names
+
+log = logging.getLogger("custom_app")
+app = ServerApp()
+
+INPUT_SHAPE = (1, 28, 28)  # Fashion-MNIST
+NUM_CLASSES = 10
+
+
+def train_config(rc: dict, num_rounds: int) -> ConfigRecord:
+    """What privet's ClientApp needs to run one round of DP-SGD."""
+    return ConfigRecord({
+        keys.NUM_ROUNDS: num_rounds,
+        keys.DP_MODE: keys.DP_SGD,
+        keys.CLIP: float(rc["clip"]),
+        keys.NOISE_MULTIPLIER: 0.0,  # 0: every client calibrates σ to its own budget
+        keys.NOISE_SHARES: 1,
+        keys.LOCAL_EPOCHS: int(rc["local-epochs"]),
+        keys.BATCH_SIZE: int(rc["batch-size"]),
+        keys.LEARNING_RATE: float(rc["learning-rate"]),
+        keys.MOMENTUM: 0.0,
+        keys.GRAD_SAMPLE_MODE: "hooks",
+        keys.ACCOUNTANT: "rdp",
+        keys.SEED: int(rc["seed"]),
+    })
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = dict(context.run_config)
+    num_rounds = int(rc["num-server-rounds"])
+    model = build_model(str(rc["model"]), input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES, seed=0)
+    initial = ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(model), get_weights(model))})
+
+    strategy = FedAvgHDP(dp_mode=keys.DP_SGD, seed=int(rc["seed"]),
+                         min_train_nodes=int(rc["min-nodes"]), min_available_nodes=int(rc["min-nodes"]))
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=num_rounds,
+                            train_config=train_config(rc, num_rounds))
+
+    clients = {a.client_id: {"epsilon_budget": a.epsilon_budget, "epsilon_spent": a.epsilon_spent,
+                             "rounds": list(a.rounds)}
+               for a in strategy.accounts.values()}
+    for cid, c in sorted(clients.items()):
+        log.warning("client %s spent eps=%.4f of %.4f in rounds %s", cid, c["epsilon_spent"],
+                    c["epsilon_budget"], c["rounds"])
+    train_metrics = {r: dict(m) for r, m in result.train_metrics_clientapp.items()}
+    if rc.get("out-dir"):
+        out = Path(str(rc["out-dir"]))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "custom-summary.json").write_text(json.dumps(
+            {"clients": clients, "train_metrics": train_metrics,
+             "final_arrays": list(result.arrays.keys())}, indent=2, default=float))
+    context.state["custom-summary"] = MetricRecord({"num-clients": len(clients)})
