@@ -42,11 +42,13 @@ from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
 from strategies import keys
+from strategies.log import route_privet_logs_to_flower
 from tasks.datasets import ArrayDataset, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights
 from tasks.partition import client_data
 
 log = logging.getLogger("privet.client")
+route_privet_logs_to_flower()
 
 ERROR_CONFIG = 4001
 ERROR_BUDGET = 4002
@@ -213,6 +215,10 @@ def train(msg: Message, context: Context) -> Message:
             f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite budget "
             f"(eps={ledger.epsilon_budget:g}) and refuses non-private training",
         )
+    uncapped = math.isinf(ledger.epsilon_budget) and float(cfg.get(keys.TARGET_EPSILON, 0.0)) <= 0
+    if mode != keys.DP_NONE and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0 and uncapped:
+        return _error(msg, ERROR_CONFIG, f"config-error: client {profile.client_id} has no finite budget "
+                      "to calibrate noise from: set 'noise-multiplier' > 0 or give it an 'epsilon'")
     try:
         plan = _plan_round(cfg, ledger, context, len(data))
     except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: remainder too small for any σ

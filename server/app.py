@@ -14,10 +14,12 @@ from flwr.serverapp import Grid, ServerApp
 from server.config import ConfigError, RunConfig
 from server.registry import build_strategy, train_config
 from server.results import ResultsWriter
+from strategies.log import route_privet_logs_to_flower
 from tasks.datasets import load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 
 log = logging.getLogger("privet.server")
+route_privet_logs_to_flower()
 
 app = ServerApp()
 
@@ -34,7 +36,6 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
     except ConfigError as exc:
         log.error("%s", exc)
         raise
-    logging.getLogger("privet").setLevel(logging.INFO)
     out = results_dir(cfg, run_id)
     writer = ResultsWriter(out, cfg)
     log.info("privet: strategy=%s dp-mode=%s rounds=%d results in %s",

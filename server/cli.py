@@ -132,6 +132,7 @@ def _flwr_env(flwr_home: Path) -> dict[str, str]:
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
         "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
         "RAY_DEDUP_LOGS": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         "PYTHONUNBUFFERED": "1",
     })
     return env

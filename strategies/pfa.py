@@ -248,7 +248,10 @@ class PFAPlus(PFA):
     still upload full models. The server lifts the ε-weighted mean coordinates back with
     the subspace it sent and refits the subspace on this round's public updates
     (:func:`strategies.pfa_projection.pfa_plus_aggregate`). A private client that was
-    not sampled last round gets the latest subspace too (notes §7.15).
+    not sampled last round gets the latest subspace too (notes §7.15). After the
+    warm-up, a round without public replies cannot fall back to WeiAvg (the private
+    updates exist only as coordinates): it uses the reconstructed private mean and keeps
+    the previous subspace (``pfa-stale-subspace``), unless ``no-public = "error"``.
 
     Parameters: see PFA.
     """
@@ -310,6 +313,8 @@ class PFAPlus(PFA):
             pub = [r for r in replies if r.node_id in public]
             pri = [r for r in replies if r.node_id not in public]
             p = self.params
+            if not pub and p.no_public == "error":
+                raise ValueError(f"round {server_round}: no public client replied (pfa.no-public = 'error')")
             aggregate, self._subspaces, diagnostics = pfa_plus_aggregate(
                 self._updates(pub),
                 [r.arrays for r in pri],

@@ -70,8 +70,10 @@ def test_custom_serverapp_runs_privet_strategy_with_privet_clientapp(tmp_path, e
 
 def test_custom_serverapp_is_a_valid_flower_app(tmp_path):
     """``flwr build`` accepts the example's pyproject.toml and packages its own code."""
+    env = flwr_env(tmp_path / "home")
+    env["PYTHONPATH"] = str(APP_DIR)  # privet importable, as where it is installed (flwr build checks)
     out = subprocess.run([str(BIN / "flwr"), "build", "--app", str(EXAMPLE)], cwd=tmp_path,
-                         env=flwr_env(tmp_path / "home"), capture_output=True, text=True, timeout=120)
+                         env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     fabs = list(tmp_path.glob("*.fab"))
     assert len(fabs) == 1, out.stdout

@@ -41,13 +41,13 @@ def _attack(model, delta, seed: int = 2) -> float:
 
 def test_dlg_recovers_a_non_private_single_image_update():
     model, _, delta = _setup()
-    assert _attack(model, delta) > 20.0  # measured: 30.0 dB
+    assert _attack(model, delta) > 20.0  # measured: 30.6 dB (27-31 dB over init seeds 0-4)
 
 
 def test_udp_noise_defeats_dlg():
     model, _, delta = _setup()
     noisy = udp_upload(delta, clip=1.0, sigma=1.0, shares=10, rng=np.random.default_rng(0))
-    assert _attack(model, noisy) < 10.0  # measured: 5.5 dB (a mid-grey guess scores ~8 dB here)
+    assert _attack(model, noisy) < 10.0  # measured: 5.4 dB; a mid-grey guess scores 14.9 dB here
 
 
 def test_fedceo_smoothing_of_identical_uploads_keeps_the_mean_and_psnr_helpers():

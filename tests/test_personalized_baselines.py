@@ -75,6 +75,9 @@ def test_private_run_completes_within_budgets_and_reports_personal_accuracy(run_
             for i in head:  # nothing of the local head leaves the client
                 np.testing.assert_array_equal(got[i], sent[i])
             assert not all(np.array_equal(g, s) for g, s in zip(got, sent))  # the body moved
+            for i in head:  # the server keeps the global head as it was
+                np.testing.assert_array_equal(sent[i], uploads[0][2][i])
+        assert {r for _, r, _, _ in uploads} == {1, 2}
         for ctx in grid.contexts.values():  # ... although the local heads did train
             local = ctx.state[f"{STATE_KEY_PREFIX}.head"].to_numpy_ndarrays()
             assert not np.array_equal(local[0], uploads[0][2][head[0]])

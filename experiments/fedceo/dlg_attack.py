@@ -22,10 +22,14 @@ Set-up here (the paper gives PSNRs only inside images; see docs/personalized-bas
   paper's CIFAR-10 Table 2 (λ, ϑ, I) for that σ_g at the 10th smoothing round
   (t = 10·I, where the authors' code fires the attack); the attacked update is the
   target's smoothed model minus the global model w0 it started from.
-* L-BFGS (lr 1, DLG's setting; FedCEO's text says lr 0.01, its code runs 1200
-  iterations) for ``--iterations`` outer steps; the reconstruction with the lowest
-  gradient-matching loss seen is kept. PSNR = 10·log10(1/MSE) on [0, 1] pixels, the
-  reconstruction clamped to [0, 1].
+* L-BFGS (lr 1, DLG's setting; FedCEO's text says 300 iterations at lr 0.01, its code
+  runs 1200) for up to ``--iterations`` outer steps (each at most 20 evaluations) from
+  up to ``--restarts`` random starts; the dummy image starts U(0, 1) and the soft label
+  at iDLG's analytic label estimate (a stronger attacker than plain DLG; see
+  :func:`dlg_reconstruct`). The reconstruction with the lowest gradient-matching loss
+  is kept: the attacker's own criterion, never the true image. PSNR = 10·log10(1/MSE)
+  on [0, 1] pixels, the reconstruction clamped to [0, 1]. The same attack budget is
+  spent on every framework.
 
 Usage::
 
@@ -160,8 +164,16 @@ def dlg_reconstruct(
     seed: int = 0,
     patience: int = 10,
     success: float = 1e-4,
+    label_init: bool = True,
 ) -> tuple[torch.Tensor, float]:
     """DLG: argmin over (x', y') of Σ‖∇_θ ℓ(f(x'), softmax(y')) − g‖², by L-BFGS.
+
+    The dummy image starts U(0, 1) (the pixel range). With ``label_init`` the dummy label
+    logits start at iDLG's analytic estimate (Zhao et al. 2020: with one example, the
+    output bias gradient softmax − onehot is negative only at the true label, so the
+    label is its argmin; the last entry of ``target_grad`` must be that bias) and are
+    still optimised as a soft label; otherwise they start N(0, 1) as in DLG. Measured
+    on Fashion-MNIST, this starts the matching loss in DLG's basin far more often.
 
     Up to ``restarts`` random dummy initialisations (seeds ``seed``, ``seed + 1``, ...)
     of at most ``iterations`` L-BFGS steps each; a run stops early when its loss falls
@@ -176,8 +188,12 @@ def dlg_reconstruct(
     best_x, best = torch.full((1, *input_shape), 0.5), math.inf
     for run in range(restarts):
         gen = torch.Generator().manual_seed(seed + run)
-        dummy_x = torch.randn((1, *input_shape), generator=gen).requires_grad_(True)
-        dummy_y = torch.randn((1, num_classes), generator=gen).requires_grad_(True)
+        dummy_x = torch.rand((1, *input_shape), generator=gen).requires_grad_(True)
+        dummy_y = torch.randn((1, num_classes), generator=gen)
+        if label_init:
+            dummy_y = torch.zeros((1, num_classes))
+            dummy_y[0, int(torch.argmin(target[-1]))] = 5.0
+        dummy_y.requires_grad_(True)
         optimizer = torch.optim.LBFGS([dummy_x, dummy_y], lr=lr)
 
         def matching_loss() -> torch.Tensor:
@@ -246,7 +262,7 @@ def run_attacks(
     clip: float = 1.0,
     lr: float = 0.1,
     iterations: int = 60,
-    restarts: int = 3,
+    restarts: int = 2,
     seed: int = 0,
 ) -> list[AttackResult]:
     """FedAvg, UDP-FedAvg(σ) and FedCEO(σ) attacks on each target image.
@@ -356,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--png", type=Path, default=None, help="also write a mosaic of the reconstructions")
     parser.add_argument("--targets", type=int, nargs="+", default=[25, 50, 100])
     parser.add_argument("--iterations", type=int, default=60, help="L-BFGS steps per run (each <= 20 evaluations)")
-    parser.add_argument("--restarts", type=int, default=3, help="random dummy initialisations per attack")
+    parser.add_argument("--restarts", type=int, default=2, help="random dummy initialisations per attack")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -136,7 +136,8 @@ def tune_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> li
     jobs = []
     for i, sigma in enumerate(spec["sigma"]):
         jobs.append(_job(model, "udp-fedavg", sigma, seed, {}, overrides))
-        for lam in spec["tune-lambda"]:
+        for factor in spec["tune-factors"]:
+            lam = spec["table2-lambda"][i] * factor
             fedceo = {"lambda": lam, "theta": spec["theta"][i], "interval": spec["interval"][i]}
             jobs.append(_job(model, "fedceo", sigma, seed, fedceo, overrides, lam))
     return jobs
@@ -186,13 +187,16 @@ def _registered_baselines() -> bool:
 
 def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
     spec, seed = grid[model], grid["tune-seed"]
-    rows = ["| σ_g | UDP-FedAvg | " + " | ".join(f"FedCEO λ={lam:g}" for lam in spec["tune-lambda"]) + " |",
-            "|---|---:|" + "---:|" * len(spec["tune-lambda"])]
+    factors = spec["tune-factors"]
+    rows = ["| σ_g | UDP-FedAvg | " + " | ".join(f"FedCEO λ = {f:g} × Table 2" for f in factors) + " |",
+            "|---|---:|" + "---:|" * len(factors)]
     for i, sigma in enumerate(spec["sigma"]):
+        lams = [spec["table2-lambda"][i] * f for f in factors]
         udp = done.get(run_key(dataset, model, "udp-fedavg", sigma, seed))
-        cells = [udp] + [done.get(run_key(dataset, model, "fedceo", sigma, seed, lam)) for lam in spec["tune-lambda"]]
+        cells = [udp] + [done.get(run_key(dataset, model, "fedceo", sigma, seed, lam)) for lam in lams]
         rows.append(f"| {sigma:g} | " + " | ".join(
-            f"{100 * r['final_accuracy']:.2f} / {100 * r['best_accuracy']:.2f}" if r else "–" for r in cells) + " |")
+            (f"{100 * r['final_accuracy']:.2f} / {100 * r['best_accuracy']:.2f}" if r else "–")
+            + ("" if lam is None else f" (λ={lam:g})") for r, lam in zip(cells, [None, *lams])) + " |")
     return "\n".join(rows)
 
 
