@@ -25,6 +25,9 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
 ARG PIP_INDEX_URL=""
+# where torch's CPU-only build comes from when there is no wheelhouse (PyPI's Linux
+# torch wheel is the multi-GB CUDA build)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PRIVET_UID=10001
 
 ENV PYTHONUNBUFFERED=1 \
@@ -58,8 +61,11 @@ RUN set -eu; \
         echo "no wheelhouse: installing from the package index"; \
         set -- ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"}; \
     fi; \
-    pip install "$@" "torch==2.13.0" \
-        || pip install "$@" --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"; \
+    if ls *.whl >/dev/null 2>&1; then \
+        pip install "$@" "torch==2.13.0"; \
+    else \
+        pip install --index-url "$TORCH_INDEX_URL" "torch==2.13.0" || pip install "$@" "torch==2.13.0"; \
+    fi; \
     pip install "$@" -r requirements.txt hatchling; \
     rm -rf /tmp/wheelhouse
 

@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
@@ -86,7 +87,9 @@ def run_counted(model: str, strategy: str, args: argparse.Namespace, out_dir: st
     grid = InProcessGrid(client_app, simulation_node_configs(args.clients), cfg, reply_hook=hook)
     started = time.perf_counter()
     summary = run_experiment(grid, cfg, run_id=1)
-    return {"sizes": sizes, "summary": summary, "seconds": time.perf_counter() - started}
+    with open(Path(out_dir) / "rounds.jsonl") as fh:
+        down = sum(json.loads(line).get("bytes_down", 0) for line in fh)
+    return {"sizes": sizes, "summary": summary, "bytes-down": down, "seconds": time.perf_counter() - started}
 
 
 def public_partitions(summary: dict[str, Any], fraction: float) -> set[int]:
@@ -153,8 +156,9 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace, seconds
         base = runs["fedavg-hdp"]["totals"]
         lines += [f"## {model}", "",
                   "| method | all clients, wire (KiB) | private, wire (KiB) | public, wire (KiB) | "
-                  "reduction private (wire / payload) | reduction all (wire / payload) |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "reduction private (wire / payload) | reduction all (wire / payload) | "
+                  "downlink, payload (KiB) |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for method in METHODS:
             t = runs[method]["totals"]
             red = {g: {k: 1 - t[f"{g}-{k}"] / base[f"{g}-{k}"] for k in ("wire", "payload")}
@@ -163,7 +167,7 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace, seconds
                 f"| {method} | {t['all-wire'] / kib:,.1f} | {t['private-wire'] / kib:,.1f} | "
                 f"{t['public-wire'] / kib:,.1f} | {100 * red['private']['wire']:.1f} % / "
                 f"{100 * red['private']['payload']:.1f} % | {100 * red['all']['wire']:.1f} % / "
-                f"{100 * red['all']['payload']:.1f} % |"
+                f"{100 * red['all']['payload']:.1f} % | {runs[method]['bytes-down'] / kib:,.1f} |"
             )
         plus = runs["pfa-plus"]
         lines += ["", "One reply (median):", ""]
@@ -194,6 +198,11 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace, seconds
 
 def main() -> int:
     args = parse_args()
+    import torch
+
+    # One intra-op thread: on a small, shared CPU torch's thread pool spins and makes
+    # the tiny per-client steps tens of times slower; results do not change.
+    torch.set_num_threads(1)
     logging.getLogger("privet").setLevel(logging.WARNING)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     started = time.perf_counter()

@@ -50,6 +50,19 @@ class LocalTrainingConfig:
     seed: int
 
 
+def local_sgd(model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig) -> dict[str, float]:
+    """Plain (non-private) local SGD with this round's hyperparameters."""
+    return train_plain(
+        model,
+        data,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.learning_rate,
+        momentum=cfg.momentum,
+        seed=cfg.seed,
+    )
+
+
 def dpsgd_sample_rate(num_examples: int, batch_size: int) -> float:
     """Poisson sampling rate Opacus uses for a loader of batch ``B``: q = 1/⌈n/B⌉."""
     return 1.0 / max(1, -(-num_examples // batch_size))
@@ -136,15 +149,7 @@ def train_update_dp(
     mechanism with multiplier σ/√m at sampling rate 1 (the server knows who took part).
     """
     start = [w.copy() for w in get_weights(model)]
-    metrics = train_plain(
-        model,
-        data,
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        lr=cfg.learning_rate,
-        momentum=cfg.momentum,
-        seed=cfg.seed,
-    )
+    metrics = local_sgd(model, data, cfg)
     trained = get_weights(model)
     update = [w - w0 for w, w0 in zip(trained, start)]
     rng = np.random.default_rng(cfg.seed)
@@ -161,13 +166,5 @@ def train_non_private(
     model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig
 ) -> tuple[dict[str, float], list[Step]]:
     """Plain local SGD; charges one zero-noise step, so the ledger honestly reads ε = ∞."""
-    metrics = train_plain(
-        model,
-        data,
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        lr=cfg.learning_rate,
-        momentum=cfg.momentum,
-        seed=cfg.seed,
-    )
+    metrics = local_sgd(model, data, cfg)
     return metrics, [(0.0, 1.0, 1)]

@@ -114,13 +114,17 @@ def validate(run_config: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- simulation runner
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _flwr_env(flwr_home: Path) -> dict[str, str]:
+def flwr_env(flwr_home: Path) -> dict[str, str]:
+    """The environment for a ``flwr`` / ``flower-*`` process with its own ``FLWR_HOME``:
+    no runtime dependency installation, no update check or telemetry, this venv's ``bin``
+    first on PATH, and private ports for the local simulation SuperLink."""
     env = dict(os.environ)
     # Flower starts flower-superlink / flwr-simulation by name: put this venv's bin first
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -129,8 +133,8 @@ def _flwr_env(flwr_home: Path) -> dict[str, str]:
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
         "RAY_DEDUP_LOGS": "0",
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         "PYTHONUNBUFFERED": "1",
@@ -191,7 +195,7 @@ def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_
     import tomli_w
 
     flwr_home = Path(tempfile.mkdtemp(prefix="privet-flwr-home-"))
-    env = _flwr_env(flwr_home)
+    env = flwr_env(flwr_home)
     overrides = flwr_home / "run-config.toml"
     from server.config import nest
 

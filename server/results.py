@@ -184,6 +184,10 @@ def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:
         ax2.legend()
     ax2.set_xlabel("round")
     ax2.set_ylabel("cumulative epsilon spent")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -15,29 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from server.cli import flwr_env as cli_flwr_env
+from server.cli import free_port
+
 BIN = Path(sys.executable).parent
 APP_DIR = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def flwr_env(home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # Flower starts flower-superlink / flwr-simulation by name: put this venv's bin first
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.update({
-        "FLWR_HOME": str(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-    })
-    return env
+    """``server.cli.flwr_env`` with one thread per process (several share 2 cores here)."""
+    return {**cli_flwr_env(home), "OMP_NUM_THREADS": "1"}
 
 
 def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:

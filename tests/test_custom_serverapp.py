@@ -16,6 +16,8 @@ import pytest
 
 from tests.flower_processes import APP_DIR, BIN, flwr_env
 
+pytestmark = pytest.mark.slow
+
 EXAMPLE = APP_DIR / "examples" / "custom-serverapp"
 
 
@@ -65,7 +67,7 @@ def test_custom_serverapp_runs_privet_strategy_with_privet_clientapp(tmp_path, e
         c = summary["clients"][f"org-{i}"]
         assert c["epsilon_budget"] == eps and c["rounds"] == [1, 2]
         assert 0 < c["epsilon_spent"] <= eps
-    assert set(summary["train_metrics"]) == {"1", "2"} or set(summary["train_metrics"]) == {1, 2}
+    assert set(summary["train_metrics"]) == {"1", "2"}
 
 
 def test_custom_serverapp_is_a_valid_flower_app(tmp_path):

@@ -16,6 +16,7 @@ printing data or model parameters.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -92,7 +93,8 @@ def test_killed_supernode_drops_and_restarted_ledger_continues(tmp_path):
         dep.start_supernode("supernode-2", node_config(2), key=keys / "supernode-2")
         dep.wait_online(node_ids)
         out2 = tmp_path / "results-2"
-        status = dep.run_app({**RUN, "num-server-rounds": 2, "out-dir": str(out2)})
+        run2 = dep.submit({**RUN, "num-server-rounds": 2, "out-dir": str(out2)})
+        status = dep.wait_run(run2, timeout=600)
         assert status["status"] == "finished:completed", dep.logs()
         summary2 = json.loads((out2 / "summary.json").read_text())
         by_id2 = {c["client_id"]: c for c in summary2["clients"]}
@@ -112,10 +114,13 @@ def test_killed_supernode_drops_and_restarted_ledger_continues(tmp_path):
         # ---- operations: who did what, per round, and nothing else. Flower 1.39 keeps the
         # ServerApp's output in the SuperLink (`flwr log <run-id>`); ClientApp output goes to
         # the SuperNode's own stdout.
-        server_log = dep.flwr("log", str(run1), "secure", "--show", timeout=60).stdout
+        server_log = "".join(dep.flwr("log", str(r), "secure", "--show", timeout=60).stdout for r in (run1, run2))
         link_log = server_log + dep.log("superlink")
         node_logs = "".join(dep.log(f"supernode-{i}") for i in range(3))
-        assert "round 1: sampled clients ['site-0', 'site-1', 'site-2']" in link_log, link_log[-3000:]
+        sampled = re.search(r"round 1: sampled clients \[([^\]]*)\] of 3 connected", link_log)
+        assert sampled, server_log[-3000:]
+        assert sorted(x.strip(" '") for x in sampled.group(1).split(",")) == ["site-0", "site-1", "site-2"]
+        assert "handshake: client site-0" in link_log
         assert "client site-2 dropped out" in link_log
         assert "budget-exhausted" in link_log
         assert "client site-1 round 1 mode=dpsgd" in node_logs, node_logs[-3000:]

@@ -21,6 +21,19 @@ from strategies import keys
 from strategies.pfa import PFA, PFAConfig, PFAPlus, WeiAvg
 
 NAMES = ["fc.weight", "fc.bias", "conv.weight"]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models train much faster on one thread on a shared CPU; restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 SHAPES = [(4, 6), (4,), (2, 3, 2)]
 
 
@@ -160,6 +173,22 @@ def test_pfa_matches_an_independent_projection_with_a_global_public_set():
     assert strategy.round_log[-1]["pfa-num-public"] == 2.0
     for a, b in zip(got2, _pfa_numpy(got, trained, BUDGETS, PUBLIC)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_round_without_public_replies_follows_the_no_public_policy():
+    rng = np.random.default_rng(6)
+    g = _model(rng)
+    trained = _trained(rng, g, [n for n in BUDGETS if n not in PUBLIC])
+    strategy = PFA(PFAConfig(public_fraction=0.3), min_train_nodes=1, min_available_nodes=1)
+    _, got = _round(strategy, 1, g, BUDGETS, trained)
+    assert strategy.round_log[-1]["pfa-fallback-weiavg"] == 1.0
+    total = sum(BUDGETS[n] for n in trained)
+    for j in range(len(SHAPES)):
+        expected = sum(BUDGETS[n] * trained[n][j].astype(np.float64) for n in trained) / total
+        np.testing.assert_allclose(got[j], expected, rtol=1e-5, atol=1e-6)
+    strict = PFA(PFAConfig(public_fraction=0.3, no_public="error"), min_train_nodes=1, min_available_nodes=1)
+    with pytest.raises(ValueError, match="no public client"):
+        _round(strict, 1, g, BUDGETS, trained)
 
 
 def test_pfa_plus_messages_carry_the_subspace_to_private_clients_only():

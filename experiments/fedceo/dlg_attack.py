@@ -158,12 +158,13 @@ def dlg_reconstruct(
     input_shape: tuple[int, int, int],
     num_classes: int,
     *,
-    iterations: int = 60,
+    iterations: int = 50,
     restarts: int = 1,
     lr: float = 1.0,
     seed: int = 0,
-    patience: int = 10,
-    success: float = 1e-4,
+    converged: float = 1e-9,
+    success: float = 1e-7,
+    patience: int = 5,
     label_init: bool = True,
 ) -> tuple[torch.Tensor, float]:
     """DLG: argmin over (x', y') of Σ‖∇_θ ℓ(f(x'), softmax(y')) − g‖², by L-BFGS.
@@ -175,16 +176,16 @@ def dlg_reconstruct(
     still optimised as a soft label; otherwise they start N(0, 1) as in DLG. Measured
     on Fashion-MNIST, this starts the matching loss in DLG's basin far more often.
 
-    Up to ``restarts`` random dummy initialisations (seeds ``seed``, ``seed + 1``, ...)
-    of at most ``iterations`` L-BFGS steps each; a run stops early when its loss falls
-    below ``success`` × ‖g‖², when ``patience`` steps in a row improve it by less than
-    0.1%, or when L-BFGS diverges (NaN). Restarting stops at the first run below
-    ``success`` × ‖g‖². Returns the dummy image with the lowest matching loss seen over
-    all runs, and that loss: everything the attacker can judge without the true image.
+    Up to ``restarts`` random starts (seeds ``seed``, ``seed + 1``, ...) of at most
+    ``iterations`` L-BFGS steps each. A run stops early when its loss is below
+    ``converged`` × ‖g‖², when L-BFGS makes no progress at all for ``patience`` steps,
+    or when it diverges (NaN). Another start is tried only while the best loss is above
+    ``success`` × ‖g‖². Returns the dummy image with the lowest matching loss over all
+    runs and that loss: what the attacker can judge without the true image.
     """
     params = list(model.parameters())
     target = [g.detach() for g in target_grad]
-    goal = success * float(sum((t.double() ** 2).sum() for t in target))
+    scale = float(sum((t.double() ** 2).sum() for t in target))
     best_x, best = torch.full((1, *input_shape), 0.5), math.inf
     for run in range(restarts):
         gen = torch.Generator().manual_seed(seed + run)
@@ -213,13 +214,13 @@ def dlg_reconstruct(
             current = float(matching_loss().detach())
             if not math.isfinite(current) or not torch.isfinite(dummy_x).all():
                 break  # L-BFGS diverged; keep the best so far
-            stalled = stalled + 1 if current > run_best * (1 - 1e-3) else 0
+            stalled = stalled + 1 if current >= run_best * (1 - 1e-6) else 0
             run_best = min(run_best, current)
             if current < best:
                 best, best_x = current, dummy_x.detach().clone()
-            if run_best < goal or stalled >= patience:
+            if run_best < converged * scale or stalled >= patience:
                 break
-        if best < goal:
+        if best < success * scale:
             break
     return best_x[0], best
 
@@ -261,7 +262,7 @@ def run_attacks(
     num_clients: int = 10,
     clip: float = 1.0,
     lr: float = 0.1,
-    iterations: int = 60,
+    iterations: int = 50,
     restarts: int = 2,
     seed: int = 0,
 ) -> list[AttackResult]:
@@ -371,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("dlg.md"))
     parser.add_argument("--png", type=Path, default=None, help="also write a mosaic of the reconstructions")
     parser.add_argument("--targets", type=int, nargs="+", default=[25, 50, 100])
-    parser.add_argument("--iterations", type=int, default=60, help="L-BFGS steps per run (each <= 20 evaluations)")
+    parser.add_argument("--iterations", type=int, default=50, help="L-BFGS steps per run (each <= 20 evaluations)")
     parser.add_argument("--restarts", type=int, default=2, help="random dummy initialisations per attack")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

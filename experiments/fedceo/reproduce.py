@@ -115,8 +115,11 @@ def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool) -
 
 
 def _job(model, method, sigma, seed, fedceo, overrides, lam=None):
+    """(key, config); ``--set`` overrides other than the dataset are appended to the key."""
     cfg = run_config(model, method, sigma, seed, fedceo, overrides)
-    return run_key(cfg["dataset"], model, method, sigma, seed, lam), cfg
+    extra = sorted((k, v) for k, v in overrides.items() if k not in ("dataset", "data-dir"))
+    key = run_key(cfg["dataset"], model, method, sigma, seed, lam)
+    return (key + "/" + ",".join(f"{k}={v}" for k, v in extra) if extra else key), cfg
 
 
 def grid_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -200,6 +203,17 @@ def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, A
     return "\n".join(rows)
 
 
+def other_runs_table(dataset: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
+    """Runs with extra ``--set`` overrides (e.g. dp-mode = update): one row per run."""
+    rows = ["| run | dp-mode | final acc. (%) | best acc. (%) | max ε spent |", "|---|---|---:|---:|---:|"]
+    for key, r in sorted(done.items()):
+        parts = key.split("/")
+        if parts[0] == dataset and len(parts) > 5 and not parts[5].startswith("lambda"):
+            rows.append(f"| `{'/'.join(parts[1:])}` | {r['dp_mode']} | {100 * r['final_accuracy']:.2f} | "
+                        f"{100 * r['best_accuracy']:.2f} | {r['epsilon_spent_max']:.4g} |")
+    return "\n".join(rows) if len(rows) > 2 else "none"
+
+
 def write_report(grid: dict[str, Any], dataset: str) -> None:
     """Fill ``results.template.md`` with the tables of every model that has runs."""
     done = json.loads(RUNS_JSON.read_text()) if RUNS_JSON.exists() else {}
@@ -211,6 +225,7 @@ def write_report(grid: dict[str, Any], dataset: str) -> None:
         runs = [r for k, r in done.items() if k.startswith(f"{dataset}/{model}/")]
         tables[f"{model}_runs"] = (f"{len(runs)} runs, {sum(r['wall_seconds'] for r in runs) / 60:.0f} min "
                                    "of wall time in total" if runs else "not run")
+    tables["other_runs"] = other_runs_table(dataset, grid, done)
     template = (HERE / "results.template.md").read_text()
     (HERE / "results.md").write_text(template.format(dataset=dataset, **tables))
     print(f"wrote {HERE / 'results.md'}")

@@ -184,6 +184,11 @@ def render(records: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     args = parse_args()
+    import torch
+
+    # One intra-op thread: on a small, shared CPU torch's thread pool spins and makes
+    # the tiny per-client steps tens of times slower; results do not change.
+    torch.set_num_threads(1)
     raw = args.out.with_name("runs.jsonl")
     records = [json.loads(line) for line in raw.read_text().splitlines()] if raw.exists() else []
     with tempfile.TemporaryDirectory(prefix="pfa-repro-") as tmp:
