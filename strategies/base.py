@@ -105,6 +105,22 @@ def weighted_mean(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[floa
     ]
 
 
+def seeded_sample(node_ids: Iterable[int], size: int, seed: Sequence[int]) -> list[int]:
+    """``size`` distinct node ids drawn uniformly with a seeded generator, sorted.
+
+    Node ids are uint64: indices are drawn with numpy, never the ids themselves (numpy would
+    turn ids above 2**63 into floats and lose digits).
+    """
+    pool = sorted(node_ids)
+    rng = np.random.default_rng(list(seed))
+    return sorted(pool[int(i)] for i in rng.choice(len(pool), size=min(size, len(pool)), replace=False))
+
+
+#: Flower's error codes for replies the SuperLink writes itself when the destination node
+#: is gone (``flwr.common.constant.ErrorCode``); such a node is counted as dropped.
+_NODE_GONE_ERRORS = (4, 5)  # REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE
+
+
 class PrivacyAwareFedAvg(FedAvg):
     """FedAvg with a budget handshake, budget-aware sampling, validation and bookkeeping.
 
@@ -259,9 +275,7 @@ class PrivacyAwareFedAvg(FedAvg):
         if not eligible:
             return []
         size = min(len(eligible), max(self.min_train_nodes, int(self.fraction_train * len(eligible))))
-        rng = np.random.default_rng([self.seed, server_round])
-        pool = sorted(eligible)  # node ids are up to 2**64: pick indices, never the ids via numpy
-        return sorted(pool[int(i)] for i in rng.choice(len(pool), size=size, replace=False))
+        return seeded_sample(eligible, size, [self.seed, server_round])
 
     # -------------------------------------------------------- configure_train
     def configure_train(
@@ -309,6 +323,8 @@ class PrivacyAwareFedAvg(FedAvg):
         accepted: list[AcceptedReply] = []
         rejected: list[dict] = []
         for reply in replies:
+            if reply.has_error() and reply.error.code in _NODE_GONE_ERRORS:
+                continue  # written by the SuperLink for a vanished node: counted as dropped below
             node = reply.metadata.src_node_id
             replied.add(node)
             account = self.accounts.get(node)

@@ -47,7 +47,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from strategies import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, weighted_mean
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, seeded_sample, weighted_mean
 
 log = logging.getLogger("privet.strategy")
 
@@ -132,8 +132,7 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
         if not registered:
             return []
         size = max(1, int(math.ceil(self.fraction_evaluate * len(registered))))
-        rng = np.random.default_rng([self.seed, server_round, 1])
-        chosen = sorted(int(n) for n in rng.choice(registered, size=size, replace=False))
+        chosen = seeded_sample(registered, size, [self.seed, server_round, 1])
         cfg = ConfigRecord(dict(config))
         cfg.update(self.personal_config())
         cfg[keys.SERVER_ROUND] = server_round

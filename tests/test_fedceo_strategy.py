@@ -273,10 +273,12 @@ def test_bad_replies_are_dropped_before_stacking_in_process(run_config_factory):
     cfg = _fedceo_config(run_config_factory, num_server_rounds=1, **{"fedceo.interval": 1})
 
     def tamper(node, request, reply):
-        if request.metadata.message_type != "train" or node not in (100, 101):
+        from server.inprocess import FIRST_NODE_ID
+
+        if request.metadata.message_type != "train" or node not in (FIRST_NODE_ID, FIRST_NODE_ID + 1):
             return reply
         arrays = reply.content[keys.ARRAYS].to_numpy_ndarrays()
-        if node == 100:
+        if node == FIRST_NODE_ID:
             arrays[0] = np.full_like(arrays[0], np.nan)
         else:
             arrays[1] = arrays[1][:-1]
