@@ -196,7 +196,14 @@ def format_validation_error(exc: ValidationError) -> str:
         key = ".".join(_kebab(str(p)) for p in err["loc"]) or "(config)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            allowed = ", ".join(sorted(f.alias or _kebab(n) for n, f in RunConfig.model_fields.items()))
+            model: type[BaseModel] = RunConfig
+            prefix = ""
+            if len(err["loc"]) == 2:  # an unknown key inside a method's section (pfa.*, fedceo.*)
+                section = RunConfig.model_fields.get(str(err["loc"][0]))
+                if section is not None and isinstance(section.annotation, type) \
+                        and issubclass(section.annotation, BaseModel):
+                    model, prefix = section.annotation, f"{err['loc'][0]}."
+            allowed = ", ".join(sorted(prefix + (f.alias or _kebab(n)) for n, f in model.model_fields.items()))
             msg = f"unknown key; allowed keys: {allowed}"
         elif "input" in err and err["type"] not in ("value_error",):
             msg = f"{msg} (found {err['input']!r})"

@@ -71,3 +71,10 @@ def test_cli_reports_errors_without_a_traceback(capsys, tmp_path):
     assert "'partitioner'" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
     assert "not a privet results directory" in capsys.readouterr().err
+
+
+def test_unknown_key_in_a_method_section_lists_that_sections_keys():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), "pfa.kk": 1})
+    assert "'pfa.kk'" in str(err.value) and "pfa.k," in str(err.value)
+    assert "num-server-rounds" not in str(err.value)

@@ -58,12 +58,12 @@ def run_config(model: str, method: str, sigma: float, seed: int, fedceo: dict[st
     from server.cli import load_experiment
 
     sets = {"strategy": "udp-fedavg" if method == "udp-fedavg" else "fedceo",
-            "noise-multiplier": float(sigma), "seed": int(seed), **overrides}
+            "noise-multiplier": float(sigma), "seed": int(seed)}
     if method != "udp-fedavg":
         sets.update({"fedceo.lambda": float(fedceo["lambda"]), "fedceo.interval": int(fedceo["interval"]),
                      "fedceo.theta": 1.0 if method == "fedceo-theta1" else float(fedceo["theta"])})
     cfg = load_experiment(str(HERE / f"{model}.toml"), [], None)
-    cfg.update(sets)
+    cfg.update({**sets, **overrides})  # --set wins
     return cfg
 
 
@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=("mlp2", "lenet5"), default="mlp2")
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (processes)")
     parser.add_argument("--force", action="store_true", help="repeat runs already in runs.json")
+    parser.add_argument("--sigma", type=float, action="append", help="only these σ_g (repeatable)")
+    parser.add_argument("--seed", type=int, action="append", help="only these seeds (repeatable)")
+    parser.add_argument("--method", choices=METHODS, action="append", help="only these methods (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key for every run (e.g. dataset=emnist)")
     args = parser.parse_args(argv)
@@ -247,6 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides = dict(parse_assignment(s) for s in args.set)
     if args.command != "report":
         jobs = (grid_jobs if args.command == "run" else tune_jobs)(args.model, grid, overrides)
+        jobs = [(k, c) for k, c in jobs
+                if (not args.sigma or c["noise-multiplier"] in args.sigma)
+                and (not args.seed or c["seed"] in args.seed)
+                and (not args.method or any(f"/{m}/" in k for m in args.method))]
         run_all(jobs, args.jobs, args.force)
     with open(HERE / f"{args.model}.toml", "rb") as fh:
         dataset = str(overrides.get("dataset", tomllib.load(fh)["dataset"]))
