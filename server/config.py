@@ -12,12 +12,21 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from strategies.fedceo import FedCEOConfig
 from strategies.pfa import PFAConfig
+from strategies.validation import one_of
 from tasks.models import MODELS
 from tasks.partition import PARTITIONERS
 
@@ -37,6 +46,18 @@ DEFAULT_DP_MODE = {
     "fedceo": "update",
     "ppsgd": "update",
     "centaur": "update",
+}
+
+
+#: field -> allowed values, for every key that names a choice
+CHOICES: dict[str, tuple[str, ...]] = {
+    "strategy": STRATEGIES,
+    "partitioner": PARTITIONERS,
+    "model": MODELS,
+    "dp_mode": ("auto", *DP_MODES),
+    "accountant": ACCOUNTANTS,
+    "grad_sample_mode": GRAD_SAMPLE_MODES,
+    "budget_distribution": ("none", *BUDGET_DISTRIBUTIONS),
 }
 
 
@@ -87,40 +108,10 @@ class RunConfig(BaseModel):
     pfa: PFAConfig = PFAConfig()
     fedceo: FedCEOConfig = FedCEOConfig()
 
-    @field_validator("strategy")
+    @field_validator(*CHOICES)
     @classmethod
-    def _strategy(cls, v: str) -> str:
-        return _one_of("strategy", v, STRATEGIES)
-
-    @field_validator("partitioner")
-    @classmethod
-    def _partitioner(cls, v: str) -> str:
-        return _one_of("partitioner", v, PARTITIONERS)
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, v: str) -> str:
-        return _one_of("model", v, MODELS)
-
-    @field_validator("dp_mode")
-    @classmethod
-    def _dp_mode(cls, v: str) -> str:
-        return _one_of("dp-mode", v, ("auto", *DP_MODES))
-
-    @field_validator("accountant")
-    @classmethod
-    def _accountant(cls, v: str) -> str:
-        return _one_of("accountant", v, ACCOUNTANTS)
-
-    @field_validator("grad_sample_mode")
-    @classmethod
-    def _gsm(cls, v: str) -> str:
-        return _one_of("grad-sample-mode", v, GRAD_SAMPLE_MODES)
-
-    @field_validator("budget_distribution")
-    @classmethod
-    def _budget(cls, v: str) -> str:
-        return _one_of("budget-distribution", v, ("none", *BUDGET_DISTRIBUTIONS))
+    def _choice(cls, v: str, info: ValidationInfo) -> str:
+        return one_of(_kebab(info.field_name), v, CHOICES[info.field_name])
 
     @field_validator("dataset")
     @classmethod
@@ -182,11 +173,6 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
         node[leaf] = value
     return nested
 
-
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"'{key}' must be one of {', '.join(allowed)}; found {value!r}")
-    return value
 
 
 def format_validation_error(exc: ValidationError) -> str:

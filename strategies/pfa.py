@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from strategies import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, weighted_mean
@@ -48,7 +48,7 @@ from strategies.pfa_projection import (
     pfa_plus_aggregate,
     split_public_private,
 )
-from strategies.validation import ArraySpec
+from strategies.validation import ArraySpec, one_of
 
 log = logging.getLogger("privet.strategy")
 
@@ -60,10 +60,7 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"'pfa.{key}' must be one of {', '.join(allowed)}; found {value!r}")
-    return value
+_CHOICES = {"split": SPLIT_METHODS, "subspace_method": SUBSPACE_METHODS, "no_public": NO_PUBLIC_POLICIES}
 
 
 class PFAConfig(BaseModel):
@@ -98,20 +95,10 @@ class PFAConfig(BaseModel):
     subspace_method: str = "exact"
     no_public: str = "weiavg"
 
-    @field_validator("split")
+    @field_validator(*_CHOICES)
     @classmethod
-    def _split(cls, v: str) -> str:
-        return _one_of("split", v, SPLIT_METHODS)
-
-    @field_validator("subspace_method")
-    @classmethod
-    def _method(cls, v: str) -> str:
-        return _one_of("subspace-method", v, SUBSPACE_METHODS)
-
-    @field_validator("no_public")
-    @classmethod
-    def _no_public(cls, v: str) -> str:
-        return _one_of("no-public", v, NO_PUBLIC_POLICIES)
+    def _choice(cls, v: str, info: ValidationInfo) -> str:
+        return one_of(f"pfa.{_kebab(info.field_name)}", v, _CHOICES[info.field_name])
 
 
 def declared_epsilon(account: ClientAccount) -> float:

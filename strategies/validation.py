@@ -42,6 +42,13 @@ class DeclaredBudget:
     epsilon_spent: float
 
 
+def one_of(key: str, value: str, allowed: Sequence[str]) -> str:
+    """``value`` if it is one of ``allowed``, else a ValueError naming the key and the choices."""
+    if value not in allowed:
+        raise ValueError(f"'{key}' must be one of {', '.join(allowed)}; found {value!r}")
+    return value
+
+
 def specs_of(arrays: ArrayRecord) -> list[ArraySpec]:
     """The specs of a reference ArrayRecord (normally the global model)."""
     return [
