@@ -61,7 +61,7 @@ import numpy as np
 _LOG = logging.getLogger(__name__)
 
 SPLIT_METHODS: Final = ("top-fraction", "two-cluster")
-SUBSPACE_METHODS: Final = ("exact", "randomized")
+SUBSPACE_METHODS: Final = ("exact", "randomized", "random")
 NO_PUBLIC_POLICIES: Final = ("weiavg", "error")
 
 # Diagnostic keys (kebab-case, like the wire keys in ``strategies/keys.py``).
@@ -361,11 +361,20 @@ def _randomized_svd(
     return sing, q @ wt.T
 
 
+def _random_subspace(matrix: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # The paper's ablation (Fig. 6, "random projection"): a uniformly random k-dimensional
+    # subspace (QR of a Gaussian d × k matrix), ignoring the public updates altogether.
+    d = matrix.shape[1]
+    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, min(k, d))))
+    return np.ones(q.shape[1]), q
+
+
 _SVD_SOLVERS: Final[
     dict[str, Callable[[np.ndarray, int, int], tuple[np.ndarray, np.ndarray]]]
 ] = {
     "exact": _exact_svd,
     "randomized": _randomized_svd,
+    "random": _random_subspace,
 }
 
 
@@ -412,12 +421,14 @@ def public_subspace(
         zero singular value are arbitrary and would project on noise (notes §7.5).
     center : bool
         Centre A first (authors' code, default) or not (paper, Appendix D.2).
-    method : {"exact", "randomized"}
+    method : {"exact", "randomized", "random"}
         ``"exact"``: thin ``np.linalg.svd`` of the n_pub × d matrix, O(n_pub² d); it is
         cheap because n_pub ≪ d, and more accurate than eigen-decomposing the Gram
         matrix AAᵀ, which squares the condition number. ``"randomized"``: randomized
         range finder with k + 5 oversampling and 2 power iterations, seeded by ``seed``
-        (exact whenever k + 5 ≥ n_pub).
+        (exact whenever k + 5 ≥ n_pub). ``"random"``: a uniformly random k-dimensional
+        subspace that ignores the public updates (the paper's random-projection ablation,
+        Fig. 6).
     seed : int
         Seed of the ``"randomized"`` sketch.
 

@@ -528,3 +528,16 @@ def test_pfa_plus_rejects_wrong_coordinates_and_missing_subspaces():
 def test_invalid_options_name_the_allowed_values(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_random_subspace_ablation_is_orthonormal_seeded_and_ignores_the_public_updates():
+    rng = np.random.default_rng(7)
+    public_a, public_b = rng.normal(size=(4, 50)), rng.normal(size=(4, 50))
+    basis_a = pfa.public_subspace(public_a, 3, method="random", seed=11)
+    basis_b = pfa.public_subspace(public_b, 3, method="random", seed=11)
+    np.testing.assert_allclose(basis_a.T @ basis_a, np.eye(3), atol=1e-12)
+    np.testing.assert_allclose(basis_a, basis_b)  # depends on the seed only
+    assert not np.allclose(basis_a, pfa.public_subspace(public_a, 3, method="random", seed=12))
+    x = rng.normal(size=50)
+    px = pfa.project(x, basis_a)
+    np.testing.assert_allclose(pfa.project(px, basis_a), px, atol=1e-12)

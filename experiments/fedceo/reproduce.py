@@ -147,14 +147,13 @@ def tune_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> li
 
 
 # ------------------------------------------------------------------------------ report
-def _stats(values: list[float]) -> str:
+def _stats(values: list[float], signed: bool = False) -> str:
     """Mean ± sample std over seeds, in percent (one value: itself)."""
     pct = [100 * v for v in values]
     if not pct:
         return "–"
-    if len(pct) == 1:
-        return f"{pct[0]:.2f}"
-    return f"{statistics.fmean(pct):.2f} ± {statistics.stdev(pct):.2f}"
+    mean = f"{statistics.fmean(pct):+.2f}" if signed else f"{statistics.fmean(pct):.2f}"
+    return mean if len(pct) == 1 else f"{mean} ± {statistics.stdev(pct):.2f}"
 
 
 def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> str:
@@ -175,7 +174,7 @@ def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str
         theirs = [paper[m][i] for m in ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")]
         theirs_cells = [f"{x:.2f}" if m in ("udp-fedavg", "fedceo-theta1", "fedceo") or baselines else
                         f"{x:.2f} (see baselines)" for m, x in zip(("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo"), theirs)]
-        rows.append(f"| {sigma:g} | " + " | ".join(cells) + f" | {_stats(gaps)} | "
+        rows.append(f"| {sigma:.1f} | " + " | ".join(cells) + f" | {_stats(gaps, signed=True)} | "
                     + (f"{max(eps):.2f}" if eps else "–") + " | " + " | ".join(theirs_cells)
                     + f" | {paper['fedceo'][i] - paper['udp-fedavg'][i]:+.2f} |")
     return "\n".join(rows)
@@ -197,7 +196,7 @@ def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, A
         lams = [spec["table2-lambda"][i] * f for f in factors]
         udp = done.get(run_key(dataset, model, "udp-fedavg", sigma, seed))
         cells = [udp] + [done.get(run_key(dataset, model, "fedceo", sigma, seed, lam)) for lam in lams]
-        rows.append(f"| {sigma:g} | " + " | ".join(
+        rows.append(f"| {sigma:.1f} | " + " | ".join(
             (f"{100 * r['final_accuracy']:.2f} / {100 * r['best_accuracy']:.2f}" if r else "–")
             + ("" if lam is None else f" (λ={lam:g})") for r, lam in zip(cells, [None, *lams])) + " |")
     return "\n".join(rows)
@@ -223,8 +222,9 @@ def write_report(grid: dict[str, Any], dataset: str) -> None:
             tables[f"{model}_{metric}"] = results_table(dataset, model, grid, done, metric)
         tables[f"{model}_tune"] = tune_table(dataset, model, grid, done)
         runs = [r for k, r in done.items() if k.startswith(f"{dataset}/{model}/")]
-        tables[f"{model}_runs"] = (f"{len(runs)} runs, {sum(r['wall_seconds'] for r in runs) / 60:.0f} min "
-                                   "of wall time in total" if runs else "not run")
+        tables[f"{model}_runs"] = (f"{len(runs)} runs (grid, λ sweep and other runs), "
+                                   f"{sum(r['wall_seconds'] for r in runs) / 60:.0f} min of wall time on a shared "
+                                   "2-core CPU" if runs else "not run")
     tables["other_runs"] = other_runs_table(dataset, grid, done)
     template = (HERE / "results.template.md").read_text()
     (HERE / "results.md").write_text(template.format(dataset=dataset, **tables))
