@@ -159,7 +159,6 @@ def _stats(values: list[float], signed: bool = False) -> str:
 def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> str:
     """Ours (mean ± std over seeds), the FedCEO − UDP-FedAvg gap per seed, ε, the paper's row."""
     spec, paper = grid[model], grid[model]["paper"]
-    baselines = _registered_baselines()
     rows = ["| σ_g | " + " | ".join(f"{LABELS[m]}" for m in METHODS) + " | FedCEO − UDP (pp) | max ε spent "
             "| paper: UDP-FedAvg | PPSGD | CENTAUR | FedCEO (ϑ=1) | FedCEO (ϑ>1) | paper gap (pp) |",
             "|---|" + "---:|" * (len(METHODS) + 2) + "---:|---:|---:|---:|---:|---:|"]
@@ -171,20 +170,11 @@ def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str
             eps += [r["epsilon_spent_max"] for r in runs]
             cells.append(_stats([r[metric] for r in runs]))
         gaps = [v - by_seed["udp-fedavg"][s] for s, v in by_seed["fedceo"].items() if s in by_seed["udp-fedavg"]]
-        theirs = [paper[m][i] for m in ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")]
-        theirs_cells = [f"{x:.2f}" if m in ("udp-fedavg", "fedceo-theta1", "fedceo") or baselines else
-                        f"{x:.2f} (see baselines)" for m, x in zip(("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo"), theirs)]
+        theirs_cells = [f"{paper[m][i]:.2f}" for m in ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")]
         rows.append(f"| {sigma:.1f} | " + " | ".join(cells) + f" | {_stats(gaps, signed=True)} | "
                     + (f"{max(eps):.2f}" if eps else "–") + " | " + " | ".join(theirs_cells)
                     + f" | {paper['fedceo'][i] - paper['udp-fedavg'][i]:+.2f} |")
     return "\n".join(rows)
-
-
-def _registered_baselines() -> bool:
-    """Whether PPSGD and CENTAUR exist in this checkout (another module implements them)."""
-    from server.config import STRATEGIES
-
-    return "ppsgd" in STRATEGIES and "centaur" in STRATEGIES
 
 
 def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
