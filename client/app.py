@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from flwr.app import (
-    ArrayRecord,
     ConfigRecord,
     Context,
     Error,

@@ -10,7 +10,7 @@ deeper in the server reads the raw dictionary.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from pydantic import (
     BaseModel,

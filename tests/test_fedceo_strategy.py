@@ -16,10 +16,9 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from strategies import keys
+from tests.fakes import BudgetGrid
 from strategies.fedceo import DIAG_CLIENTS, DIAG_SMOOTHED, DIAG_THRESHOLD, FedCEO, FedCEOConfig
 
 NAMES = ["conv.weight", "conv.bias", "fc.weight", "fc.bias"]
@@ -27,29 +26,6 @@ SHAPES = [(3, 2, 2, 2), (3,), (4, 5), (4,)]
 NODES = [100, 101, 102, 103]
 
 
-class BudgetGrid(Grid):
-    """Nodes that only answer the budget handshake (ε = 10)."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        self.nodes = nodes
-
-    def get_node_ids(self):  # noqa: D102
-        return list(self.nodes)
-
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
-        return [Message(RecordDict({
-            keys.METRICS: MetricRecord({keys.EPSILON_BUDGET: 10.0, keys.DELTA: 1e-5,
-                                        keys.NUM_EXAMPLES: 100, keys.EPSILON_SPENT: 0.0}),
-            keys.META: ConfigRecord({keys.CLIENT_ID: str(m.metadata.dst_node_id)}),
-        }), reply_to=m) for m in messages]
-
-    run = None
-
-    def set_run(self, run_id): ...  # noqa: D102
-    def create_message(self, *a, **k): ...  # noqa: D102
-    def push_messages(self, messages): ...  # noqa: D102
-    def pull_messages(self, message_ids): ...  # noqa: D102
 
 
 # ------------------------------------------------------------------ independent oracles
@@ -99,7 +75,7 @@ def _reply(request: Message, arrays, num_examples: int = 100) -> Message:
 def _round(strategy, server_round, global_model, uploads):
     """configure_train for all NODES, replies from ``uploads`` (node -> arrays) only."""
     messages = list(strategy.configure_train(server_round, _record(global_model), ConfigRecord({}),
-                                             BudgetGrid(NODES)))
+                                             BudgetGrid({n: 10.0 for n in NODES})))
     sent = {m.metadata.dst_node_id: m.content[keys.ARRAYS].to_numpy_ndarrays() for m in messages}
     replies = [_reply(m, uploads[m.metadata.dst_node_id], num_examples=50 * (1 + i))
                for i, m in enumerate(messages) if m.metadata.dst_node_id in uploads]

@@ -13,11 +13,10 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from client.pfa_coordinates import encode_pfa_coordinates
 from strategies import keys
+from tests.fakes import BudgetGrid
 from strategies.pfa import PFA, PFAConfig, PFAPlus, WeiAvg
 
 NAMES = ["fc.weight", "fc.bias", "conv.weight"]
@@ -37,30 +36,6 @@ def _one_torch_thread():
 SHAPES = [(4, 6), (4,), (2, 3, 2)]
 
 
-class BudgetGrid(Grid):
-    """Nodes that only answer the budget handshake, with the given ε."""
-
-    def __init__(self, budgets: dict[int, float]) -> None:
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        self.budgets = budgets
-
-    def get_node_ids(self):  # noqa: D102
-        return list(self.budgets)
-
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
-        return [Message(RecordDict({
-            keys.METRICS: MetricRecord({keys.EPSILON_BUDGET: self.budgets[m.metadata.dst_node_id],
-                                        keys.DELTA: 1e-5, keys.NUM_EXAMPLES: 100, keys.EPSILON_SPENT: 0.0}),
-            keys.META: ConfigRecord({keys.CLIENT_ID: str(m.metadata.dst_node_id)}),
-        }), reply_to=m) for m in messages]
-
-    # unused Grid API
-    run = None
-
-    def set_run(self, run_id): ...  # noqa: D102
-    def create_message(self, *a, **k): ...  # noqa: D102
-    def push_messages(self, messages): ...  # noqa: D102
-    def pull_messages(self, message_ids): ...  # noqa: D102
 
 
 def _model(rng, scale=1.0):
