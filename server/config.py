@@ -9,7 +9,6 @@ deeper in the server reads the raw dictionary.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 from pydantic import (
@@ -144,10 +143,6 @@ class RunConfig(BaseModel):
     def resolved_dp_mode(self) -> str:
         """``dp-mode``, with "auto" replaced by the strategy's own mode."""
         return DEFAULT_DP_MODE[self.strategy] if self.dp_mode == "auto" else self.dp_mode
-
-    @property
-    def planned_epsilon_unbounded(self) -> bool:
-        return math.isinf(self.epsilon)
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any]) -> "RunConfig":

@@ -36,6 +36,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
@@ -117,8 +118,8 @@ def seeded_sample(node_ids: Iterable[int], size: int, seed: Sequence[int]) -> li
 
 
 #: Flower's error codes for replies the SuperLink writes itself when the destination node
-#: is gone (``flwr.common.constant.ErrorCode``); such a node is counted as dropped.
-_NODE_GONE_ERRORS = (4, 5)  # REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE
+#: is gone; such a node is counted as dropped.
+_NODE_GONE_ERRORS = (ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 
 class PrivacyAwareFedAvg(FedAvg):
