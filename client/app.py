@@ -27,7 +27,7 @@ from flwr.clientapp import ClientApp
 from client.ledger_store import load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
 from client.uploads import encode_upload
-from client.personalization import personalize_for_evaluation, train_personalized
+from client.personalization import dpsgd_epochs, personalize_for_evaluation, train_personalized, training_size
 from client.training import (
     LocalTrainingConfig,
     dpsgd_sample_rate,
@@ -133,6 +133,8 @@ def _plan_round(
     if mode == keys.DP_NONE:
         return _Plan(0.0, 0.0, 1.0, 1)
     if mode == keys.DP_SGD:
+        if cfg.get(keys.PERSONALIZATION, ""):  # trains on its 80 %, CENTAUR also trains its head
+            num_examples, epochs = training_size(num_examples), dpsgd_epochs(cfg)
         rate = dpsgd_sample_rate(num_examples, batch)
         steps = dpsgd_steps_per_round(num_examples, batch, epochs)
     else:
@@ -247,6 +249,7 @@ def train(msg: Message, context: Context) -> Message:
             train_metrics, steps = train_personalized(
                 model, data, local, cfg, context, clip=clip,
                 noise_multiplier=plan.noise_multiplier, partition_id=profile.partition_id,
+                grad_sample_mode=str(cfg.get(keys.GRAD_SAMPLE_MODE, "ghost")),
             )
         except ValueError as exc:
             return _error(msg, ERROR_CONFIG, f"config-error: {exc}")

@@ -2,21 +2,34 @@
 
 The personal part of a client's model lives in its ``context.state`` as an ArrayRecord
 under ``privet.personal.<scheme>`` (named like the model's ``state_dict``), survives the
-rounds of a run, and is **never uploaded**. Only the shared part's update is released,
-privatised exactly as in ``update`` mode: clip to ‖Δ‖₂ <= C, add N(0, σ²C²/m), charge the
-ledger one Gaussian release of multiplier σ/√m (``privacy.mechanisms``).
+rounds of a run, and is **never uploaded**. Only the shared part is released, privatised
+in one of two ways:
+
+``dp-mode = "update"`` (the papers' user-level DP)
+    Clip the shared part's update to ‖Δ‖₂ <= C, add N(0, σ²C²/m), charge the ledger one
+    Gaussian release of multiplier σ/√m (``privacy.mechanisms``).
+``dp-mode = "dpsgd"`` (sample-level, like FedCEO's code and its UDP-FedAvg)
+    Every local step is an Opacus DP-SGD step (per-example clip C, noise σC); what the
+    client keeps and what it sends are post-processing of those noisy steps, so the
+    ledger charges exactly the DP-SGD steps taken (see each scheme below).
 
 ``additive`` (PPSGD, Bietti et al. 2022)
     The model predicts with u + v_k. Each local SGD step computes g = ∇ℓ(u + v_k) on a
     batch and moves u by −η·g and v_k by −α·η·g (joint steps; α =
     ``personal-lr-scale``). Upload: u₀ + privatise(u − u₀). v_k starts at 0.
+    Under ``dpsgd``: since ∂ℓ(u+v)/∂u = ∂ℓ(u+v)/∂v = ∇ℓ(w) at w = u + v, both moves use
+    the same noisy gradient, and SGD (with momentum) is linear in it; so w = u₀ + v_k is
+    trained by DP-SGD at rate (1+α)η and its change Δw is split exactly:
+    u = u₀ + Δw/(1+α), v_k ← v_k + αΔw/(1+α). Both are DP (post-processing).
 ``head`` (CENTAUR, Shen et al. 2023)
     The head is the model's last Linear layer (``strategies.personalized.
     head_parameter_names``), the body everything else. The client loads its local head
     (the received global head at its first round), trains the head for ``head-epochs``
     epochs with the body frozen, then the body for ``local-epochs`` epochs with the head
     fixed. Upload: body₀ + privatise(body − body₀), and the head entries equal to the
-    **received** global head (a zero update).
+    **received** global head (a zero update). Under ``dpsgd`` both phases are DP-SGD on
+    the same data at the same σ and q, so a round charges (head-epochs + local-epochs)
+    passes of DP-SGD steps (:func:`dpsgd_epochs`) and the local head is DP too.
 
 Local held-out data: with personalization on, a client keeps a deterministic 20%
 (:data:`HOLDOUT_FRACTION`, at least one example) of its shard, chosen by a permutation
@@ -24,14 +37,16 @@ seeded with (run seed, partition id), as local test data: it trains on the other
 and evaluates its personal model (u + v_k, or global body + local head) on the 20%.
 Without personalization nothing changes (the whole shard trains).
 
-Guarantee: client-level DP of each upload for the shared part only. The personal part
-is not released and no DP claim covers it.
+Guarantee. ``update``: client-level DP of each upload for the shared part only; the
+personal part is not released and no DP claim covers it. ``dpsgd``: sample-level DP of
+everything the client computes (upload and personal part alike), over the DP-SGD steps.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -40,7 +55,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from torch import nn
 from torch.func import functional_call
 
-from client.training import LocalTrainingConfig
+from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.accountants import Step
 from privacy.mechanisms import local_noise_multiplier, privatize_update
 from strategies import keys
@@ -53,6 +68,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "HOLDOUT_FRACTION",
     "STATE_KEY_PREFIX",
+    "dpsgd_epochs",
+    "training_size",
     "holdout_split",
     "load_personal",
     "personalize_for_evaluation",
@@ -96,12 +113,32 @@ def holdout_split(data: ArrayDataset, run_seed: int, partition_id: int) -> tuple
         If the shard has fewer than 2 examples.
     """
     n = len(data)
-    if n < 2:
-        raise ValueError(f"personalization needs >= 2 local examples for a held-out split; found {n}")
-    n_test = min(n - 1, max(1, int(round(HOLDOUT_FRACTION * n))))
+    n_test = n - training_size(n)
     seed = np.random.SeedSequence([int(run_seed), int(partition_id), _HOLDOUT_SALT])
     order = np.random.default_rng(seed).permutation(n)
     return data.subset(np.sort(order[n_test:])), data.subset(np.sort(order[:n_test]))
+
+
+def training_size(num_examples: int) -> int:
+    """How many of a shard's ``num_examples`` a personalized client trains on (the 80 %).
+
+    Raises
+    ------
+    ValueError
+        If the shard has fewer than 2 examples.
+    """
+    n = int(num_examples)
+    if n < 2:
+        raise ValueError(f"personalization needs >= 2 local examples for a held-out split; found {n}")
+    return n - min(n - 1, max(1, int(round(HOLDOUT_FRACTION * n))))
+
+
+def dpsgd_epochs(config: ConfigRecord) -> int:
+    """Passes of DP-SGD one round takes: ``local-epochs``, plus ``head-epochs`` for CENTAUR."""
+    epochs = int(config[keys.LOCAL_EPOCHS])
+    if scheme_of(config) == keys.PERSONALIZATION_HEAD:
+        epochs += int(config.get(keys.HEAD_EPOCHS, 1))
+    return epochs
 
 
 def _state_key(scheme: str) -> str:
@@ -190,18 +227,51 @@ def _train_additive(
 
 
 def _train_phase(model: nn.Module, trainable: Sequence[str], data: ArrayDataset, cfg: LocalTrainingConfig,
-                 epochs: int, seed: int) -> dict[str, float]:
-    """Plain SGD on the named parameters only (the others frozen), then unfreeze all."""
+                 epochs: int, seed: int, dpsgd: _DPSGD | None = None) -> tuple[dict[str, float], list[Step]]:
+    """SGD on the named parameters only (the others frozen), then unfreeze all.
+
+    Plain SGD (no steps to charge) or, with ``dpsgd``, Opacus DP-SGD: the frozen
+    parameters get no gradient and no noise; the steps to charge are returned.
+    """
     params = dict(unwrap(model).named_parameters())
     wanted = set(trainable)
     try:
         for name, p in params.items():
             p.requires_grad_(name in wanted)
-        return train_plain(model, data, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.learning_rate,
-                           momentum=cfg.momentum, seed=seed)
+        if dpsgd is None:
+            return train_plain(model, data, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.learning_rate,
+                               momentum=cfg.momentum, seed=seed), []
+        return train_dpsgd(model, data, replace(cfg, epochs=epochs, seed=seed), clip=dpsgd.clip,
+                           noise_multiplier=dpsgd.noise_multiplier, grad_sample_mode=dpsgd.grad_sample_mode)
     finally:
         for p in params.values():
             p.requires_grad_(True)
+
+
+def _train_additive_dpsgd(
+    model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig, received: dict[str, np.ndarray],
+    v: dict[str, np.ndarray], alpha: float, dpsgd: _DPSGD,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, float], list[Step]]:
+    """PPSGD's joint steps under DP-SGD: train w = u₀ + v at rate (1+α)η, split Δw (module doc)."""
+    names = list(received)
+    start = {n: received[n] + v[n] for n in names}
+    set_weights(model, [start[n] for n in names])
+    metrics, steps = train_dpsgd(model, data, replace(cfg, learning_rate=(1.0 + alpha) * cfg.learning_rate),
+                                 clip=dpsgd.clip, noise_multiplier=dpsgd.noise_multiplier,
+                                 grad_sample_mode=dpsgd.grad_sample_mode)
+    moved = {n: w - start[n] for n, w in zip(names, get_weights(model))}
+    u = {n: received[n] + moved[n] / (1.0 + alpha) for n in names}
+    v_new = {n: v[n] + alpha * moved[n] / (1.0 + alpha) for n in names}
+    return u, v_new, metrics, steps
+
+
+@dataclass(frozen=True)
+class _DPSGD:
+    """The DP-SGD parameters of a ``dpsgd``-mode personalized round."""
+
+    clip: float
+    noise_multiplier: float
+    grad_sample_mode: str
 
 
 def train_personalized(
@@ -214,6 +284,7 @@ def train_personalized(
     clip: float,
     noise_multiplier: float,
     partition_id: int,
+    grad_sample_mode: str = "ghost",
 ) -> tuple[dict[str, float], list[Step]]:
     """One round of PPSGD or CENTAUR client work; leaves the **upload** in ``model``.
 
@@ -221,22 +292,22 @@ def train_personalized(
     client sends: the privatised shared part, with the personal part removed (PPSGD: u
     only; CENTAUR: the head entries equal to the received head). The updated personal
     part is stored in ``context.state``. Returns ``(metrics, steps)`` like
-    ``client.training.train_update_dp``: one release of multiplier σ/√m (update mode),
-    or a zero-noise step for ``dp-mode none``. ``metrics`` carries ``num-examples`` =
-    the number of training examples (the 80% split).
+    ``client.training``: one release of multiplier σ/√m (update mode), the DP-SGD steps
+    actually taken (dpsgd mode), or a zero-noise step for ``dp-mode none``. ``metrics``
+    carries ``num-examples`` = the number of training examples (the 80% split).
 
     Raises
     ------
     ValueError
-        On an unknown scheme, ``dp-mode dpsgd``, a model without a Linear head (CENTAUR),
-        or a shard too small to split.
+        On an unknown scheme or dp-mode, a model without a Linear head (CENTAUR), or a
+        shard too small to split.
     """
     scheme = scheme_of(config)
     mode = str(config[keys.DP_MODE])
-    if mode not in (keys.DP_UPDATE, keys.DP_NONE):
-        raise ValueError(f"personalization '{scheme}' runs with dp-mode '{keys.DP_UPDATE}' or "
-                         f"'{keys.DP_NONE}'; found {mode!r}")
+    if mode not in keys.DP_MODES:
+        raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
     private = mode == keys.DP_UPDATE
+    dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode) if mode == keys.DP_SGD else None
     shares = int(config.get(keys.NOISE_SHARES, 1))
     train, _ = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
     names = weight_names(model)
@@ -247,10 +318,14 @@ def train_personalized(
         if not alpha > 0:
             raise ValueError(f"'{keys.PERSONAL_LR_SCALE}' must be > 0; found {alpha}")
         v = load_personal(context, scheme, received) or {n: np.zeros_like(a) for n, a in received.items()}
-        u, v_new, metrics = _train_additive(model, train, cfg, v, alpha)
-        delta = [u[n] - received[n] for n in names]
-        noisy, diag, steps = _privatize(delta, clip, noise_multiplier, shares, private, cfg.seed)
-        upload = [received[n] + d for n, d in zip(names, noisy)]
+        if dpsgd is not None:
+            u, v_new, metrics, steps = _train_additive_dpsgd(model, train, cfg, received, v, alpha, dpsgd)
+            upload, diag = [u[n] for n in names], {}
+        else:
+            u, v_new, metrics = _train_additive(model, train, cfg, v, alpha)
+            delta = [u[n] - received[n] for n in names]
+            noisy, diag, steps = _privatize(delta, clip, noise_multiplier, shares, private, cfg.seed)
+            upload = [received[n] + d for n, d in zip(names, noisy)]
         _store_personal(context, scheme, v_new)
     elif scheme == keys.PERSONALIZATION_HEAD:
         head, body = _head_split(model)
@@ -260,11 +335,15 @@ def train_personalized(
         local_head = load_personal(context, scheme, {n: received[n] for n in head})
         if local_head is not None:
             set_weights(model, [local_head.get(n, received[n]) for n in names])
-        head_metrics = _train_phase(model, head, train, cfg, head_epochs, cfg.seed)
-        metrics = _train_phase(model, body, train, cfg, cfg.epochs, cfg.seed + 1) if body else dict(head_metrics)
+        head_metrics, head_steps = _train_phase(model, head, train, cfg, head_epochs, cfg.seed, dpsgd)
+        metrics, body_steps = (_train_phase(model, body, train, cfg, cfg.epochs, cfg.seed + 1, dpsgd) if body
+                               else (dict(head_metrics), []))
         trained = dict(zip(names, get_weights(model)))
-        noisy, diag, steps = _privatize([trained[n] - received[n] for n in body], clip, noise_multiplier,
-                                        shares, private, cfg.seed)
+        if dpsgd is not None:  # both phases were DP-SGD: the body is already private
+            noisy, diag, steps = [trained[n] - received[n] for n in body], {}, head_steps + body_steps
+        else:
+            noisy, diag, steps = _privatize([trained[n] - received[n] for n in body], clip, noise_multiplier,
+                                            shares, private, cfg.seed)
         shared = {n: received[n] + d for n, d in zip(body, noisy)}
         upload = [shared[n] if n in shared else received[n].copy() for n in names]
         _store_personal(context, scheme, {n: trained[n] for n in head})

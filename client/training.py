@@ -93,7 +93,8 @@ def train_dpsgd(
     generator = torch.Generator().manual_seed(cfg.seed)
     dataset = TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
     loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, generator=generator)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones get no noise either
+    optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
     criterion = nn.CrossEntropyLoss()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about secure_mode on every call
@@ -116,16 +117,20 @@ def train_dpsgd(
         dp_criterion = criterion
     dp_model.train()
     losses: list[float] = []
-    for _ in range(cfg.epochs):
-        for xb, yb in dp_loader:
-            if len(yb) == 0:  # Poisson sampling may draw an empty batch; Opacus still steps
+    try:
+        for _ in range(cfg.epochs):
+            for xb, yb in dp_loader:
+                if len(yb) == 0:  # Poisson sampling may draw an empty batch; Opacus still steps
+                    dp_optimizer.zero_grad()
+                    continue
                 dp_optimizer.zero_grad()
-                continue
-            dp_optimizer.zero_grad()
-            loss = dp_criterion(dp_model(xb), yb)
-            loss.backward()
-            dp_optimizer.step()
-            losses.append(float(loss.item()))
+                loss = dp_criterion(dp_model(xb), yb)
+                loss.backward()
+                dp_optimizer.step()
+                losses.append(float(loss.item()))
+    finally:  # unhook, so the same model can be made private again (CENTAUR's two phases)
+        dp_optimizer.zero_grad()
+        dp_model.to_standard_module()
     steps: list[Step] = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
     metrics = {
         "train-loss": float(np.mean(losses)) if losses else float("nan"),

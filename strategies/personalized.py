@@ -84,20 +84,15 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
         Fraction in (0, 1] of the registered, connected clients asked each round to
         evaluate their personal model on their held-out split (seeded sample).
 
-    Other parameters: see ``PrivacyAwareFedAvg``. ``dp_mode`` defaults to ``"update"``;
-    ``"dpsgd"`` is refused (the shared/personal split is defined on updates).
+    Other parameters: see ``PrivacyAwareFedAvg``. ``dp_mode`` defaults to ``"update"``
+    (the papers' user-level DP on the shared part); ``"dpsgd"`` makes every local step a
+    DP-SGD step (sample-level DP, as FedCEO's code runs its UDP-FedAvg).
     """
 
     scheme: str = ""
 
     def __init__(self, *, fraction_evaluate: float = 1.0, **kwargs) -> None:  # noqa: ANN003
         kwargs.setdefault("dp_mode", keys.DP_UPDATE)
-        if kwargs["dp_mode"] not in (keys.DP_UPDATE, keys.DP_NONE):
-            raise ValueError(
-                f"{type(self).__name__} privatises the shared part's update: dp_mode must be "
-                f"'{keys.DP_UPDATE}' (or '{keys.DP_NONE}' for a non-private run); "
-                f"found {kwargs['dp_mode']!r}"
-            )
         if isinstance(fraction_evaluate, bool) or not 0.0 < fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate must be in (0, 1]; found {fraction_evaluate!r}")
         super().__init__(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,14 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from client.app import app as client_app
 from client.personalization import (
     STATE_KEY_PREFIX,
+    _train_additive,
+    dpsgd_epochs,
     holdout_split,
     personalize_for_evaluation,
     train_personalized,
+    training_size,
 )
-from client.training import LocalTrainingConfig
+from client.training import LocalTrainingConfig, dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.mechanisms import l2_norm
 from server.app import run_experiment
 from server.config import RunConfig
@@ -27,7 +31,7 @@ from server.registry import build_strategy
 from strategies import keys
 from strategies.personalized import CENTAUR, PPSGD, head_parameter_names
 from tasks.datasets import ArrayDataset
-from tasks.models import build_model, get_weights, weight_names
+from tasks.models import build_model, get_weights, set_weights, train_plain, weight_names
 
 
 def _capture_uploads(store):
@@ -50,12 +54,17 @@ def _run(cfg, hook=None):
     return grid, summary, rounds
 
 
+@pytest.mark.parametrize("dp_mode", ["auto", "dpsgd"])
 @pytest.mark.parametrize(("strategy", "scheme"), [("ppsgd", "additive"), ("centaur", "head")])
-def test_private_run_completes_within_budgets_and_reports_personal_accuracy(run_config_factory, strategy, scheme):
-    cfg = run_config_factory(strategy=strategy, dp_mode="auto", model="mlp2")
+def test_private_run_completes_within_budgets_and_reports_personal_accuracy(run_config_factory, strategy, scheme,
+                                                                            dp_mode):
+    """Budgets are calibrated by the clients (finite ε); in dpsgd mode the plan counts the
+    80 % training split and CENTAUR's head pass, else the last round would be refused."""
+    cfg = run_config_factory(strategy=strategy, dp_mode=dp_mode, model="mlp2")
     uploads: list = []
     grid, summary, rounds = _run(cfg, _capture_uploads(uploads))
-    assert summary["rounds_completed"] == 2 and summary["dp_mode"] == "update"
+    assert summary["rounds_completed"] == 2
+    assert summary["dp_mode"] == ("update" if dp_mode == "auto" else "dpsgd")
     for c in summary["clients"]:
         assert c["rounds_joined"] == [1, 2] and not c["rejections"]
         assert c["within_budget"] and 0 < c["epsilon_spent"] <= c["epsilon_budget"]
@@ -180,9 +189,7 @@ def test_holdout_split_is_deterministic_and_disjoint():
         holdout_split(_shard(1), 1, 2)
 
 
-def test_dpsgd_is_refused_and_the_head_rule():
-    with pytest.raises(ValueError, match="dp_mode"):
-        PPSGD(dp_mode=keys.DP_SGD)
+def test_the_head_rule_and_bad_values():
     with pytest.raises(ValueError, match="head_epochs"):
         CENTAUR(head_epochs=0)
     with pytest.raises(ValueError, match="personal_lr_scale"):
@@ -191,8 +198,54 @@ def test_dpsgd_is_refused_and_the_head_rule():
     assert head_parameter_names(["fc1.weight", "fc2.weight"]) == ["fc2.weight"]
     with pytest.raises(ValueError, match="dp-mode"):
         train_personalized(_model(), _shard(), LOCAL, ConfigRecord({keys.PERSONALIZATION: "head",
-                                                                     keys.DP_MODE: keys.DP_SGD}),
+                                                                     keys.DP_MODE: "sample"}),
                            _context(), clip=1.0, noise_multiplier=1.0, partition_id=0)
+
+
+# -------------------------------------------------------------- dp-mode = "dpsgd"
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_ppsgd_joint_steps_equal_one_model_at_the_summed_rate(momentum):
+    """The identity the dpsgd path rests on: SGD on (u at η, v at αη) of ℓ(u + v) moves
+    u + v exactly as SGD on w at (1+α)η, and splits the move 1 : α."""
+    alpha, cfg, data = 0.7, replace(LOCAL, momentum=momentum), _shard()
+    model = _model()
+    u0 = dict(zip(weight_names(model), get_weights(model)))
+    rng = np.random.default_rng(1)
+    v0 = {n: 0.01 * rng.standard_normal(a.shape).astype(a.dtype) for n, a in u0.items()}
+    u, v, _ = _train_additive(model, data, cfg, v0, alpha)  # two parameter groups
+    w_model = _model()
+    set_weights(w_model, [u0[n] + v0[n] for n in u0])
+    train_plain(w_model, data, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=(1 + alpha) * cfg.learning_rate,
+                momentum=cfg.momentum, seed=cfg.seed)
+    for n, w in zip(u0, get_weights(w_model)):
+        moved = w - u0[n] - v0[n]
+        np.testing.assert_allclose(u[n], u0[n] + moved / (1 + alpha), atol=2e-5)
+        np.testing.assert_allclose(v[n], v0[n] + alpha * moved / (1 + alpha), atol=2e-5)
+
+
+@pytest.mark.parametrize("scheme", ["additive", "head"])
+def test_dpsgd_round_charges_the_dpsgd_steps_and_keeps_the_head_local(scheme):
+    model, ctx, data = _model(), _context(), _shard()
+    global_w = get_weights(model)
+    config = _config(scheme, **{keys.DP_MODE: keys.DP_SGD, keys.LOCAL_EPOCHS: LOCAL.epochs, keys.HEAD_EPOCHS: 1})
+    metrics, steps = train_personalized(model, data, LOCAL, config, ctx, clip=1.0, noise_multiplier=1.3,
+                                        partition_id=0)
+    n_train = training_size(len(data))
+    passes = dpsgd_epochs(config)
+    assert passes == LOCAL.epochs + (1 if scheme == "head" else 0)
+    # every step is Opacus DP-SGD at σ on the 80 % split: q = 1/⌈n/B⌉, ⌈n/B⌉ steps a pass
+    assert {(s, q) for s, q, _ in steps} == {(1.3, dpsgd_sample_rate(n_train, LOCAL.batch_size))}
+    assert sum(c for _, _, c in steps) == dpsgd_steps_per_round(n_train, LOCAL.batch_size, passes)
+    assert metrics[keys.NUM_EXAMPLES] == n_train
+    upload = get_weights(model)
+    names = weight_names(model)
+    head = head_parameter_names(names) if scheme == "head" else []
+    for n, sent, got in zip(names, global_w, upload):
+        if n in head:
+            np.testing.assert_array_equal(got, sent)  # nothing of the local head leaves
+    assert any(not np.array_equal(g, s) for n, s, g in zip(names, global_w, upload) if n not in head)
+    personal = ctx.state[f"{STATE_KEY_PREFIX}.{scheme}"].to_numpy_ndarrays()
+    assert l2_norm(personal) > 0
 
 
 def test_registry_builds_both_with_update_mode(run_config_factory):

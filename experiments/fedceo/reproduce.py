@@ -34,8 +34,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RUNS_JSON = HERE / "runs.json"
 OUT_ROOT = ROOT / "results" / "fedceo"
-METHODS = ("udp-fedavg", "fedceo-theta1", "fedceo")
-LABELS = {"udp-fedavg": "UDP-FedAvg", "fedceo-theta1": "FedCEO (ϑ=1)", "fedceo": "FedCEO (ϑ>1)"}
+METHODS = ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")
+LABELS = {"udp-fedavg": "UDP-FedAvg", "ppsgd": "PPSGD", "centaur": "CENTAUR",
+          "fedceo-theta1": "FedCEO (ϑ=1)", "fedceo": "FedCEO (ϑ>1)"}
+PERSONALIZED = ("ppsgd", "centaur")  # judged by the clients' personal models (held-out 20 %)
 
 sys.path.insert(0, str(ROOT))
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -57,9 +59,9 @@ def run_config(model: str, method: str, sigma: float, seed: int, fedceo: dict[st
     """App defaults < ``<model>.toml`` < this run's strategy, σ_g, seed and ``fedceo.*``."""
     from server.cli import load_experiment
 
-    sets = {"strategy": "udp-fedavg" if method == "udp-fedavg" else "fedceo",
+    sets = {"strategy": "fedceo" if method.startswith("fedceo") else method,
             "noise-multiplier": float(sigma), "seed": int(seed)}
-    if method != "udp-fedavg":
+    if method.startswith("fedceo"):
         sets.update({"fedceo.lambda": float(fedceo["lambda"]), "fedceo.interval": int(fedceo["interval"]),
                      "fedceo.theta": 1.0 if method == "fedceo-theta1" else float(fedceo["theta"])})
     cfg = load_experiment(str(HERE / f"{model}.toml"), [], None)
@@ -91,6 +93,7 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
         "final_accuracy": summary["final_accuracy"],
         "best_accuracy": summary["best_accuracy"],
         "accuracy_by_round": [r["accuracy"] for r in rounds],
+        "personalized_by_round": [r["personalized_accuracy"] for r in rounds if "personalized_accuracy" in r],
         "epsilon_spent_max": max(spent),
         "epsilon_spent_mean": statistics.fmean(spent),
         "within_budget": all(c["within_budget"] for c in summary["clients"]),
@@ -122,12 +125,17 @@ def _job(model, method, sigma, seed, fedceo, overrides, lam=None):
     return (key + "/" + ",".join(f"{k}={v}" for k, v in extra) if extra else key), cfg
 
 
+def seeds_of(model: str, grid: dict[str, Any]) -> list[int]:
+    """The evaluation seeds of a model (its own ``seeds`` if the grid gives them)."""
+    return list(grid[model].get("seeds", grid["seeds"]))
+
+
 def grid_jobs(model: str, grid: dict[str, Any], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Every method at every σ_g with the grid's λ, ϑ, I, on the evaluation seeds."""
     spec = grid[model]
     return [
         _job(model, method, sigma, seed, {name: spec[name][i] for name in ("lambda", "theta", "interval")}, overrides)
-        for seed in grid["seeds"]
+        for seed in seeds_of(model, grid)
         for i, sigma in enumerate(spec["sigma"])
         for method in METHODS
     ]
@@ -165,7 +173,7 @@ def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str
     for i, sigma in enumerate(spec["sigma"]):
         cells, by_seed, eps = [], {}, []
         for method in METHODS:
-            runs = [r for s in grid["seeds"] if (r := done.get(run_key(dataset, model, method, sigma, s)))]
+            runs = [r for s in seeds_of(model, grid) if (r := done.get(run_key(dataset, model, method, sigma, s)))]
             by_seed[method] = {r["config"]["seed"]: r[metric] for r in runs}
             eps += [r["epsilon_spent_max"] for r in runs]
             cells.append(_stats([r[metric] for r in runs]))
