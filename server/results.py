@@ -4,7 +4,7 @@
 
     <out>/config.json          the resolved run config
     <out>/rounds.jsonl         one JSON object per round (accuracy, loss, ε per client, bytes, drops)
-    <out>/summary.json         strategy, rounds, final_accuracy, clients[...]
+    <out>/summary.json         strategy, rounds, final_accuracy (and personalized), clients[...]
     <out>/privacy_report.md    the report ``privet report <out>`` prints
     <out>/progress.png         accuracy and max/mean ε over rounds
 
@@ -101,6 +101,7 @@ def build_summary(
             "within_budget": bool(a.epsilon_spent <= a.epsilon_budget * (1 + 1e-6)),
             "guarantee": _guarantee(mode, a.epsilon_budget, cfg.noise_shares),
         })
+    personal = [r for r in rounds if r.get("personalized_accuracy") is not None]
     return {
         "strategy": cfg.strategy,
         "dp_mode": mode,
@@ -111,6 +112,9 @@ def build_summary(
         "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
         "best_accuracy": max((r["accuracy"] for r in evaluated), default=None),
         "final_loss": evaluated[-1]["loss"] if evaluated else None,
+        # PPSGD / CENTAUR: the clients' personal models on their held-out 20 % (None otherwise)
+        "final_personalized_accuracy": personal[-1]["personalized_accuracy"] if personal else None,
+        "best_personalized_accuracy": max((r["personalized_accuracy"] for r in personal), default=None),
         "accountant": cfg.accountant,
         "clip": cfg.clip,
         "noise_multiplier": cfg.noise_multiplier or "calibrated per client",
@@ -132,7 +136,9 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
         f"Dataset {summary['dataset']}, model {summary['model']}, "
         f"{summary['rounds_completed']}/{summary['rounds']} rounds, accountant {summary['accountant']}, "
         f"clip {summary['clip']}, noise multiplier {summary['noise_multiplier']}.",
-        f"Final test accuracy: {summary['final_accuracy']}",
+        f"Final test accuracy: {summary['final_accuracy']}"
+        + (f"; clients' personal models: {summary['final_personalized_accuracy']}"
+           if summary.get("final_personalized_accuracy") is not None else ""),
         "",
         "| client | budget eps | spent eps | before run | server check (this run) | delta | rounds | dropped | within budget |",
         "|---|---|---|---|---|---|---|---|---|",

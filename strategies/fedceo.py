@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from strategies import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.validation import one_of
 from strategies.fedceo_smoothing import (
     is_smoothing_round,
     mean_model,
@@ -77,6 +78,10 @@ def parse_layers(spec: str) -> tuple[int, ...] | None:
     return indices
 
 
+#: ``fedceo.restart``: where a client smoothed in round t starts round t+1
+RESTARTS = ("own", "global")
+
+
 class FedCEOConfig(BaseModel):
     """The run config's ``fedceo.*`` section (``[tool.flwr.app.config.fedceo]``).
 
@@ -98,6 +103,10 @@ class FedCEOConfig(BaseModel):
     half_spectrum : bool
         ``half-spectrum``: threshold only the ⌊K/2⌋+1 non-redundant Fourier slices
         (same result, fewer SVDs); false runs all K, like the authors' code.
+    restart : str
+        Where a client of S_t starts round t+1: ``"own"`` (Alg. 2 lines 5-6, its own
+        smoothed ŵ_k(t); the paper and its code) or ``"global"`` (the global w'(t), an
+        ablation: the smoothing then acts on the global model only).
     """
 
     model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
@@ -107,6 +116,12 @@ class FedCEOConfig(BaseModel):
     interval: int = 10
     layers: str = "all"
     half_spectrum: bool = True
+    restart: str = "own"
+
+    @field_validator("restart")
+    @classmethod
+    def _restart(cls, v: str) -> str:
+        return one_of("fedceo.restart", v, RESTARTS)
 
     @field_validator("lam", "theta", "interval", mode="before")
     @classmethod
@@ -219,7 +234,10 @@ class FedCEO(PrivacyAwareFedAvg):
                                  f"{models[i].dtype}; only floating arrays can be smoothed")
 
     def node_arrays(self, server_round: int, account: ClientAccount, arrays: ArrayRecord) -> ArrayRecord:
-        """Lines 5-6: ŵ_k(t−1) for a client smoothed in round t−1, else the global w'(t−1)."""
+        """Lines 5-6: ŵ_k(t−1) for a client smoothed in round t−1, else the global w'(t−1)
+        (always the global with ``restart = "global"``)."""
+        if self.params.restart == "global":
+            return arrays
         own = self._smoothed.get(account.node_id) if self._smoothed_round == server_round - 1 else None
         if own is None:
             return arrays

@@ -142,6 +142,20 @@ def test_smoothing_round_global_is_the_svt_of_the_average_and_clients_get_their_
         _close(sent4[n], g3, tol=0)
 
 
+def test_restart_global_sends_everyone_the_global_model_after_smoothing():
+    rng = np.random.default_rng(3)
+    own, glob = _strategy(lam=0.5, interval=1), _strategy(lam=0.5, interval=1, restart="global")
+    g0 = [np.zeros(s, np.float32) for s in SHAPES]
+    up1 = _uploads(rng, NODES)
+    (_, g_own), (_, g_glob) = _round(own, 1, g0, up1), _round(glob, 1, g0, up1)
+    _close(g_own, g_glob, tol=0)  # the restart does not change the aggregation
+    sent_own, _ = _round(own, 2, g_own, _uploads(rng, NODES))
+    sent_glob, _ = _round(glob, 2, g_glob, _uploads(rng, NODES))
+    for n in NODES:
+        _close(sent_glob[n], g_glob, tol=0)
+        assert max(np.abs(a - b).max() for a, b in zip(sent_own[n], g_own)) > 1e-3
+
+
 @pytest.mark.parametrize("theta", [1.0, 1.2])
 def test_threshold_is_constant_for_theta_one_and_geometric_otherwise(theta):
     rng = np.random.default_rng(1)
@@ -205,6 +219,7 @@ def test_fewer_than_two_usable_replies_fall_back_to_averaging(caplog):
         ("fedceo.layers", "1,x", "comma-separated parameter indices"),
         ("fedceo.layers", "1,1", "distinct indices"),
         ("fedceo.half-spectrum", "maybe", "valid boolean"),
+        ("fedceo.restart", "mine", "must be one of own, global"),
     ],
 )
 def test_config_errors_name_the_key(run_config_factory, key, value, words):

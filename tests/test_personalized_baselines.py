@@ -73,6 +73,8 @@ def test_private_run_completes_within_budgets_and_reports_personal_accuracy(run_
     for line in rounds[1:]:
         assert 0.0 <= line["personalized_accuracy"] <= 1.0
         assert line["personalized_clients"] == 3
+    assert summary["final_personalized_accuracy"] == rounds[-1]["personalized_accuracy"]
+    assert summary["best_personalized_accuracy"] == max(r["personalized_accuracy"] for r in rounds[1:])
     # the personal part persists in every node's state, and is not an upload
     for ctx in grid.contexts.values():
         assert f"{STATE_KEY_PREFIX}.{scheme}" in ctx.state

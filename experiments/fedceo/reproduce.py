@@ -93,7 +93,10 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
         "final_accuracy": summary["final_accuracy"],
         "best_accuracy": summary["best_accuracy"],
         "accuracy_by_round": [r["accuracy"] for r in rounds],
-        "personalized_by_round": [r["personalized_accuracy"] for r in rounds if "personalized_accuracy" in r],
+        "personalized_by_round": (personal := [r["personalized_accuracy"] for r in rounds
+                                               if "personalized_accuracy" in r]),
+        "personalized_final_accuracy": personal[-1] if personal else None,
+        "personalized_best_accuracy": max(personal) if personal else None,
         "epsilon_spent_max": max(spent),
         "epsilon_spent_mean": statistics.fmean(spent),
         "within_budget": all(c["within_budget"] for c in summary["clients"]),
@@ -164,6 +167,11 @@ def _stats(values: list[float], signed: bool = False) -> str:
     return mean if len(pct) == 1 else f"{mean} ± {statistics.stdev(pct):.2f}"
 
 
+def accuracy(run: dict[str, Any], method: str, metric: str) -> float:
+    """The run's ``metric``; PPSGD and CENTAUR are judged by their clients' personal models."""
+    return run[f"personalized_{metric}"] if method in PERSONALIZED else run[metric]
+
+
 def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> str:
     """Ours (mean ± std over seeds), the FedCEO − UDP-FedAvg gap per seed, ε, the paper's row."""
     spec, paper = grid[model], grid[model]["paper"]
@@ -174,15 +182,30 @@ def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str
         cells, by_seed, eps = [], {}, []
         for method in METHODS:
             runs = [r for s in seeds_of(model, grid) if (r := done.get(run_key(dataset, model, method, sigma, s)))]
-            by_seed[method] = {r["config"]["seed"]: r[metric] for r in runs}
+            by_seed[method] = {r["config"]["seed"]: accuracy(r, method, metric) for r in runs}
             eps += [r["epsilon_spent_max"] for r in runs]
-            cells.append(_stats([r[metric] for r in runs]))
+            cells.append(_stats(list(by_seed[method].values())))
         gaps = [v - by_seed["udp-fedavg"][s] for s, v in by_seed["fedceo"].items() if s in by_seed["udp-fedavg"]]
         theirs_cells = [f"{paper[m][i]:.2f}" for m in ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")]
         rows.append(f"| {sigma:.1f} | " + " | ".join(cells) + f" | {_stats(gaps, signed=True)} | "
                     + (f"{max(eps):.2f}" if eps else "–") + " | " + " | ".join(theirs_cells)
                     + f" | {paper['fedceo'][i] - paper['udp-fedavg'][i]:+.2f} |")
     return "\n".join(rows)
+
+
+def global_model_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
+    """PPSGD's and CENTAUR's *global* model on the test set (final / best), beside their
+    clients' personal accuracy: what the main table would show if judged like the others."""
+    rows = ["| σ_g | method | global model: final | global model: best | personal: final |",
+            "|---|---|---:|---:|---:|"]
+    for sigma in grid[model]["sigma"]:
+        for method in PERSONALIZED:
+            runs = [r for s in seeds_of(model, grid) if (r := done.get(run_key(dataset, model, method, sigma, s)))]
+            if runs:
+                rows.append(f"| {sigma:.1f} | {LABELS[method]} | {_stats([r['final_accuracy'] for r in runs])} | "
+                            f"{_stats([r['best_accuracy'] for r in runs])} | "
+                            f"{_stats([r['personalized_final_accuracy'] for r in runs])} |")
+    return "\n".join(rows) if len(rows) > 2 else "not run"
 
 
 def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
@@ -219,6 +242,7 @@ def write_report(grid: dict[str, Any], dataset: str) -> None:
         for metric in ("final_accuracy", "best_accuracy"):
             tables[f"{model}_{metric}"] = results_table(dataset, model, grid, done, metric)
         tables[f"{model}_tune"] = tune_table(dataset, model, grid, done)
+        tables[f"{model}_global"] = global_model_table(dataset, model, grid, done)
         runs = [r for k, r in done.items() if k.startswith(f"{dataset}/{model}/")]
         tables[f"{model}_runs"] = (f"{len(runs)} runs (grid, λ sweep and other runs), "
                                    f"{sum(r['wall_seconds'] for r in runs) / 60:.0f} min of wall time on a shared "
