@@ -26,6 +26,7 @@ from flwr.clientapp import ClientApp
 
 from client.ledger_store import load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
+from client.shard_cache import cached_shard, shard_key
 from client.uploads import encode_upload
 from client.personalization import dpsgd_epochs, personalize_for_evaluation, train_personalized, training_size
 from client.training import (
@@ -42,7 +43,7 @@ from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
 from strategies import keys
 from strategies.log import route_privet_logs_to_flower
-from tasks.datasets import ArrayDataset, load_dataset
+from tasks.datasets import DEFAULT_FASHION_MNIST_DIR, ArrayDataset, is_loaded, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights
 from tasks.partition import client_data
 
@@ -63,20 +64,27 @@ def _error(msg: Message, code: int, reason: str) -> Message:
 
 
 def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDataset, int]:
-    """This client's training shard (and the dataset's class count)."""
+    """This client's training shard (and the dataset's class count), via the node's shard cache."""
+    dataset = str(run_config["dataset"])
     data_dir = profile.data_dir or str(run_config.get("data-dir", "")) or None
-    splits = load_dataset(str(run_config["dataset"]), data_dir)
-    shard = client_data(
-        splits,
-        profile.partition_id,
-        profile.num_partitions,
-        method=str(run_config["partitioner"]),
-        alpha=float(run_config["dirichlet-alpha"]),
-        shards_per_client=int(run_config["shards-per-client"]),
-        seed=int(run_config["seed"]),
-        max_examples=int(run_config["max-examples-per-client"]),
-    )
-    return shard, splits.train.num_classes
+    partitioning = {
+        "method": str(run_config["partitioner"]),
+        "alpha": float(run_config["dirichlet-alpha"]),
+        "shards_per_client": int(run_config["shards-per-client"]),
+        "seed": int(run_config["seed"]),
+        "max_examples": int(run_config["max-examples-per-client"]),
+    }
+
+    def build() -> tuple[ArrayDataset, int]:
+        splits = load_dataset(dataset, data_dir)
+        shard = client_data(splits, profile.partition_id, profile.num_partitions, **partitioning)
+        return shard, splits.train.num_classes
+
+    if is_loaded(dataset, data_dir):  # a long-lived process (simulation): memory beats disk
+        return build()
+    folder = data_dir or (DEFAULT_FASHION_MNIST_DIR if dataset == "fashion-mnist" else None)
+    key = shard_key(dataset, folder, partitioning, profile.partition_id, profile.num_partitions)
+    return cached_shard(profile.shard_cache, key, build)
 
 
 def _client_seed(run_seed: int, partition_id: int, server_round: int) -> int:

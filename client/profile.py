@@ -25,6 +25,7 @@ NODE_EPSILON = "epsilon"
 NODE_DELTA = "delta"
 NODE_LEDGER_PATH = "ledger-path"
 NODE_DATA_DIR = "data-dir"
+NODE_SHARD_CACHE = "shard-cache"
 
 #: The ``budget-distribution`` value of the non-private baseline: no budget at all.
 NO_BUDGET = "none"
@@ -50,6 +51,9 @@ class ClientProfile:
         Where the durable ledger lives, if the operator configured one.
     data_dir : str | None
         Node-local data directory overriding the run config's ``data-dir``.
+    shard_cache : str | None
+        Folder of the node-local shard cache (``client.shard_cache``); None = the default
+        folder, ``"off"`` = no cache.
     """
 
     client_id: str
@@ -60,6 +64,7 @@ class ClientProfile:
     budget_source: str
     ledger_path: str | None
     data_dir: str | None
+    shard_cache: str | None = None
 
 
 def _node_int(node_config: UserConfig, key: str) -> int:
@@ -128,6 +133,7 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientPr
         raise ValueError(f"node-config 'delta' must be in (0, 1); found {delta}")
     ledger = node_config.get(NODE_LEDGER_PATH)
     data_dir = node_config.get(NODE_DATA_DIR)
+    shard_cache = node_config.get(NODE_SHARD_CACHE)
     return ClientProfile(
         client_id=str(node_config.get(NODE_CLIENT_ID, partition_id)),
         partition_id=partition_id,
@@ -137,4 +143,5 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientPr
         budget_source=source,
         ledger_path=str(ledger) if ledger else None,
         data_dir=str(data_dir) if data_dir else None,
+        shard_cache=str(shard_cache) if shard_cache else None,
     )

@@ -615,14 +615,30 @@ def load_dataset(name: str, data_dir: str | None = None) -> DatasetSplits:
     ConnectionError
         For an ``hf:`` dataset that is neither reachable nor cached.
     """
+    key = _cache_key(name, data_dir)
+    with _load_lock:  # concurrent clients in one process parse each dataset once
+        splits = _load_cached(*key)
+        _loaded.add(key)
+        return splits
+
+
+def _cache_key(name: str, data_dir: str | None) -> tuple[str, str | None]:
     name = _check_name(name.strip())
     if not data_dir and name == "fashion-mnist":
         data_dir = DEFAULT_FASHION_MNIST_DIR
-    resolved = str(Path(data_dir).expanduser().resolve()) if data_dir else None
-    with _load_lock:  # concurrent clients in one process parse each dataset once
-        return _load_cached(name, resolved)
+    return name, (str(Path(data_dir).expanduser().resolve()) if data_dir else None)
+
+
+_loaded: set[tuple[str, str | None]] = set()
+
+
+def is_loaded(name: str, data_dir: str | None = None) -> bool:
+    """Whether :func:`load_dataset` already loaded this dataset in this process, so that
+    loading it again is (almost always: the cache keeps the 4 latest) free."""
+    return _cache_key(name, data_dir) in _loaded
 
 
 def clear_cache() -> None:
     """Forget every dataset parsed so far in this process."""
     _load_cached.cache_clear()
+    _loaded.clear()

@@ -11,6 +11,13 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _shard_cache_in_a_temp_dir(tmp_path_factory):
+    """Client shard caches written by the tests (and the processes they start) go to a
+    pytest temp folder, not the system's."""
+    os.environ["PRIVET_SHARD_CACHE"] = str(tmp_path_factory.mktemp("shard-cache"))
+
+
 def small_run_config(tmp_path, **overrides: Any) -> dict[str, Any]:
     """The pyproject defaults, shrunk to a few-second run, with ``overrides`` applied
     (underscores in names become dashes)."""
