@@ -37,6 +37,7 @@ from client.training import (
     train_non_private,
     train_update_dp,
 )
+from privacy.accountants import Step
 from privacy.calibration import noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
@@ -179,6 +180,42 @@ def _plan_round(
     return _Plan(sigma, charged, rate, steps)
 
 
+def _train_locally(
+    model: torch.nn.Module,
+    data: ArrayDataset,
+    local: LocalTrainingConfig,
+    cfg: ConfigRecord,
+    context: Context,
+    partition_id: int,
+    *,
+    clip: float,
+    noise_multiplier: float,
+) -> tuple[dict[str, float], list[Step]]:
+    """The round's local work under its DP mode: ``(metrics, steps to charge)``.
+
+    PPSGD / CENTAUR (``personalization`` set) keep their personal part in ``context.state``
+    and privatise the shared part under the same mode; otherwise ``dpsgd`` (Opacus
+    DP-SGD), ``update`` (clip and noise the whole update) or ``none``.
+
+    Raises
+    ------
+    ValueError
+        On a personalization request the model or data cannot serve.
+    """
+    grad_sample_mode = str(cfg.get(keys.GRAD_SAMPLE_MODE, "ghost"))
+    mode = str(cfg[keys.DP_MODE])
+    if cfg.get(keys.PERSONALIZATION, ""):
+        return train_personalized(model, data, local, cfg, context, clip=clip, noise_multiplier=noise_multiplier,
+                                  partition_id=partition_id, grad_sample_mode=grad_sample_mode)
+    if mode == keys.DP_SGD:
+        return train_dpsgd(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
+                           grad_sample_mode=grad_sample_mode)
+    if mode == keys.DP_UPDATE:
+        return train_update_dp(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
+                               noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)))
+    return train_non_private(model, data, local)
+
+
 @app.query(keys.QUERY_BUDGET)
 def query_budget(msg: Message, context: Context) -> Message:
     """Handshake: declare (ε, δ), the example count and the ε already spent."""
@@ -252,35 +289,11 @@ def train(msg: Message, context: Context) -> Message:
         seed=seed,
     )
     clip = float(cfg.get(keys.CLIP, 1.0))
-    if cfg.get(keys.PERSONALIZATION, ""):  # PPSGD / CENTAUR: shared part privatised as in update mode
-        try:
-            train_metrics, steps = train_personalized(
-                model, data, local, cfg, context, clip=clip,
-                noise_multiplier=plan.noise_multiplier, partition_id=profile.partition_id,
-                grad_sample_mode=str(cfg.get(keys.GRAD_SAMPLE_MODE, "ghost")),
-            )
-        except ValueError as exc:
-            return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
-    elif mode == keys.DP_SGD:
-        train_metrics, steps = train_dpsgd(
-            model,
-            data,
-            local,
-            clip=clip,
-            noise_multiplier=plan.noise_multiplier,
-            grad_sample_mode=str(cfg.get(keys.GRAD_SAMPLE_MODE, "ghost")),
-        )
-    elif mode == keys.DP_UPDATE:
-        train_metrics, steps = train_update_dp(
-            model,
-            data,
-            local,
-            clip=clip,
-            noise_multiplier=plan.noise_multiplier,
-            noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)),
-        )
-    else:
-        train_metrics, steps = train_non_private(model, data, local)
+    try:
+        train_metrics, steps = _train_locally(model, data, local, cfg, context, profile.partition_id,
+                                              clip=clip, noise_multiplier=plan.noise_multiplier)
+    except ValueError as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
 
     before = ledger.spent()
     try:
