@@ -108,14 +108,22 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool) -> None:
-    done = json.loads(RUNS_JSON.read_text()) if RUNS_JSON.exists() else {}
+def _load_runs(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool, runs_json: Path = RUNS_JSON) -> None:
+    """Run what ``runs_json`` lacks; each result is merged into the file as it lands (the
+    file is re-read first, so results that another invocation wrote meanwhile stay)."""
+    done = _load_runs(runs_json)
     todo = [(k, c) for k, c in jobs if force or k not in done]
-    print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {RUNS_JSON.name})", flush=True)
+    print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {runs_json.name})", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for result in pool.map(execute, *zip(*todo)) if todo else []:
-            done[result["key"]] = result
-            RUNS_JSON.write_text(json.dumps(done, indent=1, sort_keys=True))
+            done = {**_load_runs(runs_json), result["key"]: result}
+            tmp = runs_json.with_suffix(".tmp")
+            tmp.write_text(json.dumps(done, indent=1, sort_keys=True))
+            tmp.replace(runs_json)
             print(f"{result['key']}: final {result['final_accuracy']:.4f} best {result['best_accuracy']:.4f} "
                   f"eps {result['epsilon_spent_max']:.3g} ({result['wall_seconds']:.0f}s)", flush=True)
 
@@ -172,18 +180,28 @@ def accuracy(run: dict[str, Any], method: str, metric: str) -> float:
     return run[f"personalized_{metric}"] if method in PERSONALIZED else run[metric]
 
 
-def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any], metric: str) -> str:
-    """Ours (mean ± std over seeds), the FedCEO − UDP-FedAvg gap per seed, ε, the paper's row."""
+#: The ``--set`` suffix of the runs with the paper's own mechanism (Algorithm 1, K = 10)
+UPDATE_MODE = "/dp-mode=update,noise-shares=10"
+
+
+def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any], metric: str,
+                  suffix: str = "") -> str:
+    """Ours (mean ± std over seeds), the FedCEO − UDP-FedAvg gap per seed, ε, the paper's row.
+
+    ``suffix``: the runs whose key ends so (e.g. :data:`UPDATE_MODE`); default the grid's own.
+    """
     spec, paper = grid[model], grid[model]["paper"]
-    rows = ["| σ_g | " + " | ".join(f"{LABELS[m]}" for m in METHODS) + " | FedCEO − UDP (pp) | max ε spent "
+    rows = ["| σ_g | " + " | ".join(f"{LABELS[m]}" for m in METHODS) + " | FedCEO − UDP (pp) | max ε spent (UDP, FedCEO) "
             "| paper: UDP-FedAvg | PPSGD | CENTAUR | FedCEO (ϑ=1) | FedCEO (ϑ>1) | paper gap (pp) |",
             "|---|" + "---:|" * (len(METHODS) + 2) + "---:|---:|---:|---:|---:|---:|"]
     for i, sigma in enumerate(spec["sigma"]):
         cells, by_seed, eps = [], {}, []
         for method in METHODS:
-            runs = [r for s in seeds_of(model, grid) if (r := done.get(run_key(dataset, model, method, sigma, s)))]
+            runs = [r for s in seeds_of(model, grid)
+                    if (r := done.get(run_key(dataset, model, method, sigma, s) + suffix))]
             by_seed[method] = {r["config"]["seed"]: accuracy(r, method, metric) for r in runs}
-            eps += [r["epsilon_spent_max"] for r in runs]
+            if method not in PERSONALIZED:  # they spend more: see global_model_table
+                eps += [r["epsilon_spent_max"] for r in runs]
             cells.append(_stats(list(by_seed[method].values())))
         gaps = [v - by_seed["udp-fedavg"][s] for s, v in by_seed["fedceo"].items() if s in by_seed["udp-fedavg"]]
         theirs_cells = [f"{paper[m][i]:.2f}" for m in ("udp-fedavg", "ppsgd", "centaur", "fedceo-theta1", "fedceo")]
@@ -196,15 +214,16 @@ def results_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str
 def global_model_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, Any]) -> str:
     """PPSGD's and CENTAUR's *global* model on the test set (final / best), beside their
     clients' personal accuracy: what the main table would show if judged like the others."""
-    rows = ["| σ_g | method | global model: final | global model: best | personal: final |",
-            "|---|---|---:|---:|---:|"]
+    rows = ["| σ_g | method | global model: final | global model: best | personal: final | max ε spent |",
+            "|---|---|---:|---:|---:|---:|"]
     for sigma in grid[model]["sigma"]:
         for method in PERSONALIZED:
             runs = [r for s in seeds_of(model, grid) if (r := done.get(run_key(dataset, model, method, sigma, s)))]
             if runs:
                 rows.append(f"| {sigma:.1f} | {LABELS[method]} | {_stats([r['final_accuracy'] for r in runs])} | "
                             f"{_stats([r['best_accuracy'] for r in runs])} | "
-                            f"{_stats([r['personalized_final_accuracy'] for r in runs])} |")
+                            f"{_stats([r['personalized_final_accuracy'] for r in runs])} | "
+                            f"{max(r['epsilon_spent_max'] for r in runs):.2f} |")
     return "\n".join(rows) if len(rows) > 2 else "not run"
 
 
@@ -228,9 +247,11 @@ def other_runs_table(dataset: str, grid: dict[str, Any], done: dict[str, Any]) -
     rows = ["| run | dp-mode | final acc. (%) | best acc. (%) | max ε spent |", "|---|---|---:|---:|---:|"]
     for key, r in sorted(done.items()):
         parts = key.split("/")
-        if parts[0] == dataset and len(parts) > 5 and not parts[5].startswith("lambda"):
-            rows.append(f"| `{'/'.join(parts[1:])}` | {r['dp_mode']} | {100 * r['final_accuracy']:.2f} | "
-                        f"{100 * r['best_accuracy']:.2f} | {r['epsilon_spent_max']:.4g} |")
+        if (parts[0] == dataset and len(parts) > 5 and not parts[5].startswith("lambda")
+                and not key.endswith(UPDATE_MODE)):
+            final, best = (100 * accuracy(r, parts[2], m) for m in ("final_accuracy", "best_accuracy"))
+            rows.append(f"| `{'/'.join(parts[1:])}` | {r['dp_mode']} | {final:.2f} | "
+                        f"{best:.2f} | {r['epsilon_spent_max']:.4g} |")
     return "\n".join(rows) if len(rows) > 2 else "none"
 
 
@@ -242,6 +263,7 @@ def write_report(grid: dict[str, Any], dataset: str) -> None:
         for metric in ("final_accuracy", "best_accuracy"):
             tables[f"{model}_{metric}"] = results_table(dataset, model, grid, done, metric)
         tables[f"{model}_tune"] = tune_table(dataset, model, grid, done)
+        tables[f"{model}_update"] = results_table(dataset, model, grid, done, "final_accuracy", UPDATE_MODE)
         tables[f"{model}_global"] = global_model_table(dataset, model, grid, done)
         runs = [r for k, r in done.items() if k.startswith(f"{dataset}/{model}/")]
         tables[f"{model}_runs"] = (f"{len(runs)} runs (grid, λ sweep and other runs), "
@@ -262,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sigma", type=float, action="append", help="only these σ_g (repeatable)")
     parser.add_argument("--seed", type=int, action="append", help="only these seeds (repeatable)")
     parser.add_argument("--method", choices=METHODS, action="append", help="only these methods (repeatable)")
+    parser.add_argument("--runs-json", type=Path, default=RUNS_JSON,
+                        help="where results are merged (default runs.json; the report reads runs.json)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key for every run (e.g. dataset=emnist)")
     args = parser.parse_args(argv)
@@ -276,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
                 if (not args.sigma or c["noise-multiplier"] in args.sigma)
                 and (not args.seed or c["seed"] in args.seed)
                 and (not args.method or any(f"/{m}/" in k for m in args.method))]
-        run_all(jobs, args.jobs, args.force)
+        run_all(jobs, args.jobs, args.force, args.runs_json)
     with open(HERE / f"{args.model}.toml", "rb") as fh:
         dataset = str(overrides.get("dataset", tomllib.load(fh)["dataset"]))
     write_report(grid, dataset)
