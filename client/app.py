@@ -28,7 +28,7 @@ from client.ledger_store import load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
 from client.shard_cache import cached_shard, shard_key
 from client.uploads import encode_upload
-from client.personalization import dpsgd_epochs, personalize_for_evaluation, train_personalized, training_size
+from client.personalization import dpsgd_workload, personalize_for_evaluation, train_personalized
 from client.training import (
     LocalTrainingConfig,
     dpsgd_sample_rate,
@@ -44,7 +44,7 @@ from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
 from strategies import keys
 from strategies.log import route_privet_logs_to_flower
-from tasks.datasets import DEFAULT_FASHION_MNIST_DIR, ArrayDataset, is_loaded, load_dataset
+from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
 from tasks.models import build_model, evaluate, get_weights, set_weights
 from tasks.partition import client_data
 
@@ -83,8 +83,8 @@ def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDat
 
     if is_loaded(dataset, data_dir):  # a long-lived process (simulation): memory beats disk
         return build()
-    folder = data_dir or (DEFAULT_FASHION_MNIST_DIR if dataset == "fashion-mnist" else None)
-    key = shard_key(dataset, folder, partitioning, profile.partition_id, profile.num_partitions)
+    name, folder = source(dataset, data_dir)
+    key = shard_key(name, folder, partitioning, profile.partition_id, profile.num_partitions)
     return cached_shard(profile.shard_cache, key, build)
 
 
@@ -142,8 +142,7 @@ def _plan_round(
     if mode == keys.DP_NONE:
         return _Plan(0.0, 0.0, 1.0, 1)
     if mode == keys.DP_SGD:
-        if cfg.get(keys.PERSONALIZATION, ""):  # trains on its 80 %, CENTAUR also trains its head
-            num_examples, epochs = training_size(num_examples), dpsgd_epochs(cfg)
+        num_examples, epochs = dpsgd_workload(cfg, num_examples)
         rate = dpsgd_sample_rate(num_examples, batch)
         steps = dpsgd_steps_per_round(num_examples, batch, epochs)
     else:

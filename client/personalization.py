@@ -29,7 +29,7 @@ in one of two ways:
     fixed. Upload: body₀ + privatise(body − body₀), and the head entries equal to the
     **received** global head (a zero update). Under ``dpsgd`` both phases are DP-SGD on
     the same data at the same σ and q, so a round charges (head-epochs + local-epochs)
-    passes of DP-SGD steps (:func:`dpsgd_epochs`) and the local head is DP too.
+    passes of DP-SGD steps (:func:`dpsgd_workload`) and the local head is DP too.
 
 Local held-out data: with personalization on, a client keeps a deterministic 20%
 (:data:`HOLDOUT_FRACTION`, at least one example) of its shard, chosen by a permutation
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "HOLDOUT_FRACTION",
     "STATE_KEY_PREFIX",
-    "dpsgd_epochs",
+    "dpsgd_workload",
     "training_size",
     "holdout_split",
     "load_personal",
@@ -133,12 +133,19 @@ def training_size(num_examples: int) -> int:
     return n - min(n - 1, max(1, int(round(HOLDOUT_FRACTION * n))))
 
 
-def dpsgd_epochs(config: ConfigRecord) -> int:
-    """Passes of DP-SGD one round takes: ``local-epochs``, plus ``head-epochs`` for CENTAUR."""
+def dpsgd_workload(config: ConfigRecord, num_examples: int) -> tuple[int, int]:
+    """(examples trained on, passes over them) of one ``dpsgd`` round, for any train config.
+
+    Without personalization: the whole shard, ``local-epochs``. With it: the 80 % split
+    (:func:`training_size`), and for CENTAUR ``head-epochs`` more passes (its head phase).
+    """
     epochs = int(config[keys.LOCAL_EPOCHS])
-    if scheme_of(config) == keys.PERSONALIZATION_HEAD:
+    scheme = scheme_of(config)
+    if not scheme:
+        return int(num_examples), epochs
+    if scheme == keys.PERSONALIZATION_HEAD:
         epochs += int(config.get(keys.HEAD_EPOCHS, 1))
-    return epochs
+    return training_size(num_examples), epochs
 
 
 def _state_key(scheme: str) -> str:

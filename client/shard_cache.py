@@ -55,14 +55,19 @@ def default_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"privet-shards-{uid}"
 
 
-def _fingerprint(folder: str | None) -> list[tuple[str, int, int]]:
-    """(relative path, size, mtime_ns) of the files under ``folder`` (empty if none)."""
-    if not folder or not Path(folder).is_dir():
+def _fingerprint(dataset: str, folder: str | None) -> list[tuple[str, int, int]]:
+    """(relative path, size, mtime_ns) of the files under ``folder`` (empty if none).
+
+    Not for ``hf:`` datasets: their folder is a Hugging Face cache root (possibly many
+    datasets and thousands of files, walked on every message otherwise), and the name
+    identifies the dataset.
+    """
+    if dataset.startswith("hf:") or not folder or not Path(folder).is_dir():
         return []
     root = Path(folder)
     return sorted(
-        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-        for p in root.rglob("*") if p.is_file()
+        (str(p.relative_to(root)), st.st_size, st.st_mtime_ns)
+        for p in root.rglob("*") if p.is_file() and (st := p.stat())
     )
 
 
@@ -73,7 +78,7 @@ def shard_key(dataset: str, data_dir: str | None, partitioning: Mapping[str, Any
         "format": _FORMAT,
         "dataset": dataset,
         "data-dir": str(Path(data_dir).expanduser().resolve()) if data_dir else "",
-        "files": _fingerprint(data_dir),
+        "files": _fingerprint(dataset, data_dir),
         "partitioning": {k: partitioning[k] for k in sorted(partitioning)},
         "partition": [int(partition_id), int(num_partitions)],
     }

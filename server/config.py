@@ -25,7 +25,7 @@ from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from strategies.fedceo import FedCEOConfig
 from strategies.pfa import PFAConfig
-from strategies.validation import one_of
+from strategies.validation import kebab, one_of
 from tasks.models import MODELS
 from tasks.partition import PARTITIONERS
 
@@ -64,14 +64,10 @@ class ConfigError(ValueError):
     """An invalid run configuration; the message names the key and what is allowed."""
 
 
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
 class RunConfig(BaseModel):
     """Every key of ``[tool.flwr.app.config]``; see the README's configuration table."""
 
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
 
     strategy: str = "fedavg-hdp"
     num_server_rounds: int = Field(3, ge=1, le=100_000)
@@ -110,7 +106,7 @@ class RunConfig(BaseModel):
     @field_validator(*CHOICES)
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        return one_of(_kebab(info.field_name), v, CHOICES[info.field_name])
+        return one_of(kebab(info.field_name), v, CHOICES[info.field_name])
 
     @field_validator("dataset")
     @classmethod
@@ -174,7 +170,7 @@ def format_validation_error(exc: ValidationError) -> str:
     """One line per problem: ``key: what is wrong``."""
     lines = []
     for err in exc.errors():
-        key = ".".join(_kebab(str(p)) for p in err["loc"]) or "(config)"
+        key = ".".join(kebab(str(p)) for p in err["loc"]) or "(config)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             model: type[BaseModel] = RunConfig
@@ -184,7 +180,7 @@ def format_validation_error(exc: ValidationError) -> str:
                 if section is not None and isinstance(section.annotation, type) \
                         and issubclass(section.annotation, BaseModel):
                     model, prefix = section.annotation, f"{err['loc'][0]}."
-            allowed = ", ".join(sorted(prefix + (f.alias or _kebab(n)) for n, f in model.model_fields.items()))
+            allowed = ", ".join(sorted(prefix + (f.alias or kebab(n)) for n, f in model.model_fields.items()))
             msg = f"unknown key; allowed keys: {allowed}"
         elif "input" in err and err["type"] not in ("value_error",):
             msg = f"{msg} (found {err['input']!r})"

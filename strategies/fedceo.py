@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from strategies import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
-from strategies.validation import one_of
+from strategies.validation import kebab, one_of
 from strategies.fedceo_smoothing import (
     is_smoothing_round,
     mean_model,
@@ -56,10 +56,6 @@ GUARANTEES = {
     keys.DP_SGD: "sample-level DP-SGD (the authors' code variant, not the paper's user-level DP)",
     keys.DP_NONE: "no privacy",
 }
-
-
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def parse_layers(spec: str) -> tuple[int, ...] | None:
@@ -109,7 +105,7 @@ class FedCEOConfig(BaseModel):
         ablation: the smoothing then acts on the global model only).
     """
 
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
 
     lam: float = Field(0.6, alias="lambda")
     theta: float = 1.04

@@ -48,16 +48,12 @@ from strategies.pfa_projection import (
     pfa_plus_aggregate,
     split_public_private,
 )
-from strategies.validation import ArraySpec, one_of
+from strategies.validation import ArraySpec, kebab, one_of
 
 log = logging.getLogger("privet.strategy")
 
 #: PFA+ diagnostic: private replies that were k-coordinate uploads this round.
 DIAG_COORDINATE_UPLOADS = "pfa-coordinate-uploads"
-
-
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
 
 
 _CHOICES = {"split": SPLIT_METHODS, "subspace_method": SUBSPACE_METHODS, "no_public": NO_PUBLIC_POLICIES}
@@ -86,7 +82,7 @@ class PFAConfig(BaseModel):
         stops the run (``"error"``). The authors' code redraws the sample instead.
     """
 
-    model_config = ConfigDict(alias_generator=_kebab, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
 
     k: int = Field(1, ge=1)
     public_fraction: float = Field(0.1, gt=0.0, le=1.0)
@@ -98,7 +94,7 @@ class PFAConfig(BaseModel):
     @field_validator(*_CHOICES)
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        return one_of(f"pfa.{_kebab(info.field_name)}", v, _CHOICES[info.field_name])
+        return one_of(f"pfa.{kebab(info.field_name)}", v, _CHOICES[info.field_name])
 
 
 def declared_epsilon(account: ClientAccount) -> float:

@@ -42,6 +42,11 @@ class DeclaredBudget:
     epsilon_spent: float
 
 
+def kebab(name: str) -> str:
+    """A Python field name as a run-config key: ``half_spectrum`` -> ``half-spectrum``."""
+    return name.replace("_", "-")
+
+
 def one_of(key: str, value: str, allowed: Sequence[str]) -> str:
     """``value`` if it is one of ``allowed``, else a ValueError naming the key and the choices."""
     if value not in allowed:

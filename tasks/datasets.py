@@ -20,13 +20,13 @@ the cached arrays are read-only so that no caller can corrupt them for the other
 
 from __future__ import annotations
 
-import functools
 import gzip
 import logging
 import math
 import pickle
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -542,8 +542,12 @@ def _emnist_split(name: str) -> str:
 _load_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=4)
-def _load_cached(name: str, data_dir: str | None) -> DatasetSplits:
+#: Datasets parsed in this process, most recently used last (at most _CACHE_SIZE).
+_cache: OrderedDict[tuple[str, str | None], DatasetSplits] = OrderedDict()
+_CACHE_SIZE = 4
+
+
+def _parse(name: str, data_dir: str | None) -> DatasetSplits:
     if name == "fashion-mnist":
         folders = _data_folders(data_dir, ["FashionMNIST/raw"])
         return _load_idx_family(name, folders, MNIST_FILES, 10, "fashion-mnist")
@@ -615,30 +619,33 @@ def load_dataset(name: str, data_dir: str | None = None) -> DatasetSplits:
     ConnectionError
         For an ``hf:`` dataset that is neither reachable nor cached.
     """
-    key = _cache_key(name, data_dir)
+    key = source(name, data_dir)
     with _load_lock:  # concurrent clients in one process parse each dataset once
-        splits = _load_cached(*key)
-        _loaded.add(key)
-        return splits
+        if key in _cache:
+            _cache.move_to_end(key)
+        else:
+            _cache[key] = _parse(*key)
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        return _cache[key]
 
 
-def _cache_key(name: str, data_dir: str | None) -> tuple[str, str | None]:
+def source(name: str, data_dir: str | None = None) -> tuple[str, str | None]:
+    """``(name, folder)`` that ``load_dataset(name, data_dir)`` reads: the checked name and
+    the resolved absolute folder (Fashion-MNIST's default folder when none is given;
+    None for other datasets without one)."""
     name = _check_name(name.strip())
     if not data_dir and name == "fashion-mnist":
         data_dir = DEFAULT_FASHION_MNIST_DIR
     return name, (str(Path(data_dir).expanduser().resolve()) if data_dir else None)
 
 
-_loaded: set[tuple[str, str | None]] = set()
-
-
 def is_loaded(name: str, data_dir: str | None = None) -> bool:
-    """Whether :func:`load_dataset` already loaded this dataset in this process, so that
-    loading it again is (almost always: the cache keeps the 4 latest) free."""
-    return _cache_key(name, data_dir) in _loaded
+    """Whether this process holds the dataset in memory (loading it again is free)."""
+    return source(name, data_dir) in _cache
 
 
 def clear_cache() -> None:
     """Forget every dataset parsed so far in this process."""
-    _load_cached.cache_clear()
-    _loaded.clear()
+    with _load_lock:
+        _cache.clear()

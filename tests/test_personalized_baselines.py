@@ -16,7 +16,7 @@ from client.app import app as client_app
 from client.personalization import (
     STATE_KEY_PREFIX,
     _train_additive,
-    dpsgd_epochs,
+    dpsgd_workload,
     holdout_split,
     personalize_for_evaluation,
     train_personalized,
@@ -232,9 +232,10 @@ def test_dpsgd_round_charges_the_dpsgd_steps_and_keeps_the_head_local(scheme):
     config = _config(scheme, **{keys.DP_MODE: keys.DP_SGD, keys.LOCAL_EPOCHS: LOCAL.epochs, keys.HEAD_EPOCHS: 1})
     metrics, steps = train_personalized(model, data, LOCAL, config, ctx, clip=1.0, noise_multiplier=1.3,
                                         partition_id=0)
-    n_train = training_size(len(data))
-    passes = dpsgd_epochs(config)
+    n_train, passes = dpsgd_workload(config, len(data))
+    assert n_train == training_size(len(data)) == 48
     assert passes == LOCAL.epochs + (1 if scheme == "head" else 0)
+    assert dpsgd_workload(ConfigRecord({keys.LOCAL_EPOCHS: 3}), 60) == (60, 3)  # no personalization
     # every step is Opacus DP-SGD at σ on the 80 % split: q = 1/⌈n/B⌉, ⌈n/B⌉ steps a pass
     assert {(s, q) for s, q, _ in steps} == {(1.3, dpsgd_sample_rate(n_train, LOCAL.batch_size))}
     assert sum(c for _, _, c in steps) == dpsgd_steps_per_round(n_train, LOCAL.batch_size, passes)
