@@ -3,6 +3,26 @@
 Every handler answers with an error reply (never an exception) when it cannot or must
 not do the work: a malformed node config, or a request that would take the client past
 its privacy budget (reason prefixed ``budget-exhausted``).
+
+What a client releases, and under which guarantee (the threat model: an
+honest-but-curious server, and other clients):
+
+* **train replies**: the model (covered by the ledger's ε, replace-one), the example
+  count n (public by the relation: replace-one keeps n fixed), the budget, δ and ε spent,
+  σ, q and the number of steps (functions of public figures only), the client id, DP mode
+  and noise source. The training loss, time and pre-clip update norm are data-dependent
+  and *not* covered: they are sent only where the operator opts in
+  (``report-train-metrics``), and the report lists them as outside the guarantee.
+* **handshake replies**: budget, δ, ε spent and n (public, as above).
+* **evaluate replies**: a loss and an accuracy on private data, *not* covered by the
+  ledger: answered only where the operator allows it (``allow-evaluation``; in simulation
+  ``client-evaluation = "on"``), never once the budget is spent, and declared in the
+  report as outside the guarantee.
+
+All DP randomness comes from a source nobody else can reproduce
+(:mod:`privacy.randomness`, ``csprng`` by default); ``seeded`` noise is accepted only where
+the operator allows it, and the report says the guarantee then does not hold against
+whoever knows the seed.
 """
 
 from __future__ import annotations
@@ -24,7 +44,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from client.ledger_store import load_ledger, store_ledger
+from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
 from client.shard_cache import cached_shard, shard_key
 from client.uploads import encode_upload
@@ -37,11 +57,12 @@ from client.training import (
     train_non_private,
     train_update_dp,
 )
-from privacy.accountants import Step
+from privacy.accountants import DEFAULT_ACCOUNTANT, Step
 from privacy.calibration import noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
+from privacy.randomness import NoiseSource, noise_source
 from strategies import keys
 from strategies.log import route_privet_logs_to_flower
 from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
@@ -54,6 +75,8 @@ route_privet_logs_to_flower()
 ERROR_CONFIG = 4001
 ERROR_BUDGET = 4002
 ERROR_INTERNAL = 4003
+ERROR_BUSY = 4004
+ERROR_REFUSED = 4005
 CALIBRATION_KEY = "privet.calibration"
 
 app = ClientApp()
@@ -82,15 +105,30 @@ def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDat
         return shard, splits.train.num_classes
 
     if is_loaded(dataset, data_dir):  # a long-lived process (simulation): memory beats disk
-        return build()
-    name, folder = source(dataset, data_dir)
-    key = shard_key(name, folder, partitioning, profile.partition_id, profile.num_partitions)
-    return cached_shard(profile.shard_cache, key, build)
+        shard, num_classes = build()
+    else:
+        name, folder = source(dataset, data_dir)
+        key = shard_key(name, folder, partitioning, profile.partition_id, profile.num_partitions)
+        shard, num_classes = cached_shard(profile.shard_cache, key, build)
+    if profile.max_examples is not None and len(shard) > profile.max_examples:  # the operator's cap
+        shard = ArrayDataset(shard.x[: profile.max_examples], shard.y[: profile.max_examples], shard.num_classes,
+                             shard.name)
+    return shard, num_classes
 
 
 def _client_seed(run_seed: int, partition_id: int, server_round: int) -> int:
-    """Per-(client, round) seed derived from the run's root seed."""
+    """Per-(client, round) seed derived from the run's root seed.
+
+    Seeds only what is *not* DP randomness (weight init, shuffling and dropout of plain
+    local SGD), and the noise of ``noise-source = "seeded"``, which the reports declare
+    void against whoever knows the run seed.
+    """
     return int(np.random.SeedSequence([run_seed, partition_id, server_round]).generate_state(1)[0])
+
+
+def _noise_for(profile: ClientProfile, seed: int) -> NoiseSource:
+    """This client's DP randomness for one round (:mod:`privacy.randomness`)."""
+    return noise_source(profile.noise_source, seed if profile.noise_source == "seeded" else None)
 
 
 def _model_from(msg: Message, data: ArrayDataset, num_classes: int, run_config: dict) -> torch.nn.Module:
@@ -189,12 +227,14 @@ def _train_locally(
     *,
     clip: float,
     noise_multiplier: float,
+    noise: NoiseSource,
 ) -> tuple[dict[str, float], list[Step]]:
     """The round's local work under its DP mode: ``(metrics, steps to charge)``.
 
     PPSGD / CENTAUR (``personalization`` set) keep their personal part in ``context.state``
     and privatise the shared part under the same mode; otherwise ``dpsgd`` (Opacus
-    DP-SGD), ``update`` (clip and noise the whole update) or ``none``.
+    DP-SGD), ``update`` (clip and noise the whole update) or ``none``. Every DP draw comes
+    from ``noise``.
 
     Raises
     ------
@@ -205,14 +245,19 @@ def _train_locally(
     mode = str(cfg[keys.DP_MODE])
     if cfg.get(keys.PERSONALIZATION, ""):
         return train_personalized(model, data, local, cfg, context, clip=clip, noise_multiplier=noise_multiplier,
-                                  partition_id=partition_id, grad_sample_mode=grad_sample_mode)
+                                  partition_id=partition_id, noise=noise, grad_sample_mode=grad_sample_mode)
     if mode == keys.DP_SGD:
-        return train_dpsgd(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
+        return train_dpsgd(model, data, local, clip=clip, noise_multiplier=noise_multiplier, noise=noise,
                            grad_sample_mode=grad_sample_mode)
     if mode == keys.DP_UPDATE:
         return train_update_dp(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
-                               noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)))
+                               noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)), noise=noise)
     return train_non_private(model, data, local)
+
+
+def _meta(profile: ClientProfile, **extra: str) -> ConfigRecord:
+    return ConfigRecord({keys.CLIENT_ID: profile.client_id, keys.BUDGET_SOURCE: profile.budget_source,
+                         keys.NOISE_SOURCE: profile.noise_source, **extra})
 
 
 @app.query(keys.QUERY_BUDGET)
@@ -221,7 +266,7 @@ def query_budget(msg: Message, context: Context) -> Message:
     try:
         profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
-        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, "rdp")))
+        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
         data, _ = _load_local_data(profile, context.run_config)
     except (ValueError, FileNotFoundError) as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
@@ -233,26 +278,46 @@ def query_budget(msg: Message, context: Context) -> Message:
             keys.NUM_EXAMPLES: int(len(data)),
         }
     )
-    meta = ConfigRecord({keys.CLIENT_ID: profile.client_id, keys.BUDGET_SOURCE: profile.budget_source})
+    meta = _meta(profile, **{keys.GUARANTEE_UNIT: ledger.unit(),
+                             keys.CLIENT_EVALUATION: "on" if profile.allow_evaluation else "off"})
     return Message(RecordDict({keys.METRICS: metrics, keys.META: meta}), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One round of local training under the requested DP mode, within the budget."""
-    started = time.perf_counter()
+    """One round of local training under the requested DP mode, within the budget.
+
+    The node's ledger is locked from load to save (one writer per ledger file), so a
+    concurrent run on the same node waits, or is refused, and never releases an
+    uncharged model.
+    """
     try:
         profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
         mode = str(cfg[keys.DP_MODE])
         if mode not in keys.DP_MODES:
             raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
-        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, "rdp")))
+    except (ValueError, KeyError) as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    try:
+        with ledger_lock(profile):
+            return _train_with_ledger(msg, context, profile, cfg, mode)
+    except LedgerBusy as exc:
+        return _error(msg, ERROR_BUSY, f"ledger-busy: {exc}")
+
+
+def _train_with_ledger(
+    msg: Message, context: Context, profile: ClientProfile, cfg: ConfigRecord, mode: str
+) -> Message:
+    """The body of :func:`train`, run while this node's ledger is locked."""
+    started = time.perf_counter()
+    try:
+        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
         data, num_classes = _load_local_data(profile, context.run_config)
+        server_round = int(cfg[keys.SERVER_ROUND])
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
 
-    server_round = int(cfg[keys.SERVER_ROUND])
     if mode == keys.DP_NONE and math.isfinite(ledger.epsilon_budget):
         return _error(
             msg,
@@ -277,7 +342,7 @@ def train(msg: Message, context: Context) -> Message:
         )
 
     seed = _client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # weight init and dropout only: not DP randomness
     model = _model_from(msg, data, num_classes, context.run_config)
     global_weights = [w.copy() for w in get_weights(model)]
     local = LocalTrainingConfig(
@@ -290,39 +355,39 @@ def train(msg: Message, context: Context) -> Message:
     clip = float(cfg.get(keys.CLIP, 1.0))
     try:
         train_metrics, steps = _train_locally(model, data, local, cfg, context, profile.partition_id,
-                                              clip=clip, noise_multiplier=plan.noise_multiplier)
+                                              clip=clip, noise_multiplier=plan.noise_multiplier,
+                                              noise=_noise_for(profile, seed))
+        arrays = encode_upload(msg.content, global_weights, get_weights(model))
     except ValueError as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
 
     before = ledger.spent()
     try:
         for sigma, rate, count in steps:
-            ledger.record(sigma, rate, count, server_round=server_round, run_id=int(context.run_id))
+            ledger.record(sigma, rate, count, server_round=server_round, run_id=int(context.run_id), mode=mode)
     except PrivacyBudgetExhausted as exc:  # actual steps exceeded the plan: discard the model
         return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
     store_ledger(ledger, profile, context)
 
-    metrics = {
-        keys.NUM_EXAMPLES: int(len(data)),
+    charged_steps = sum(count for _, _, count in steps)
+    metrics: dict[str, float | int] = {
+        keys.NUM_EXAMPLES: int(train_metrics.get(keys.NUM_EXAMPLES, len(data))),
         **_privacy_metrics(ledger, before),
         keys.NOISE_MULTIPLIER: float(plan.noise_multiplier),
         keys.SAMPLE_RATE: float(plan.sample_rate),
         keys.CLIP: clip,
-        "train-seconds": float(time.perf_counter() - started),
-        **{k: float(v) for k, v in train_metrics.items()},
+        keys.LOCAL_STEPS: float(charged_steps),
     }
+    if profile.report_train_metrics:  # data-dependent, outside the guarantee: the operator opted in
+        metrics.update({k: float(v) for k, v in train_metrics.items() if k not in metrics})
+        metrics[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
     log.info(
         "client %s round %d mode=%s sigma=%.3f eps_spent=%.4f/%g",
         profile.client_id, server_round, mode, plan.noise_multiplier,
         metrics[keys.EPSILON_SPENT], ledger.epsilon_budget,
     )
-    meta = ConfigRecord(
-        {keys.CLIENT_ID: profile.client_id, keys.DP_MODE: mode, keys.BUDGET_SOURCE: profile.budget_source}
-    )
-    try:
-        arrays = encode_upload(msg.content, global_weights, get_weights(model))
-    except ValueError as exc:
-        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    meta = _meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
+                             keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
     return Message(
         RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
         reply_to=msg,
@@ -331,10 +396,26 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
-    """Evaluate the received model on this client's local shard (no privacy cost is
-    charged: the reply is a loss and an accuracy, reported in the clear)."""
+    """Evaluate the received model on this client's local shard, where the operator allows it.
+
+    The reply (a loss and an accuracy on private data) is not covered by the ledger: it is
+    refused unless the node allows evaluation (``allow-evaluation``, or in simulation
+    ``client-evaluation = "on"``), and always once the client's budget is spent.
+    """
     try:
         profile = resolve_profile(context.node_config, context.run_config)
+    except ValueError as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    if not profile.allow_evaluation:
+        return _error(msg, ERROR_REFUSED, f"{keys.EVALUATION_REFUSED}: client {profile.client_id} does not "
+                      "evaluate on its private data (an uncharged release); its operator can allow it with "
+                      "node-config 'allow-evaluation=true' (simulation: client-evaluation = \"on\")")
+    try:
+        cfg = msg.content.config_records.get(keys.CONFIG, ConfigRecord())
+        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
+        if is_spent(ledger.spent(), ledger.epsilon_budget):
+            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
+                          "its budget and answers no request that depends on its data")
         data, num_classes = _load_local_data(profile, context.run_config)
         model = _model_from(msg, data, num_classes, context.run_config)
         model, data = personalize_for_evaluation(msg.content, context, model, data, profile.partition_id)

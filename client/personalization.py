@@ -58,9 +58,11 @@ from torch.func import functional_call
 from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.accountants import Step
 from privacy.mechanisms import local_noise_multiplier, privatize_update
+from privacy.randomness import NoiseSource
 from strategies import keys
 from strategies.personalized import head_parameter_names
 from tasks.datasets import ArrayDataset
+from tasks.partition import HOLDOUT_FRACTION, training_size
 from tasks.models import _seeded_torch, get_weights, set_weights, train_plain, unwrap, weight_names
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,6 @@ __all__ = [
 ]
 
 STATE_KEY_PREFIX = "privet.personal"
-HOLDOUT_FRACTION = 0.2
 _HOLDOUT_SALT = 0x686F6C64  # "hold": keeps this stream apart from other seeded draws
 
 
@@ -117,20 +118,6 @@ def holdout_split(data: ArrayDataset, run_seed: int, partition_id: int) -> tuple
     seed = np.random.SeedSequence([int(run_seed), int(partition_id), _HOLDOUT_SALT])
     order = np.random.default_rng(seed).permutation(n)
     return data.subset(np.sort(order[n_test:])), data.subset(np.sort(order[:n_test]))
-
-
-def training_size(num_examples: int) -> int:
-    """How many of a shard's ``num_examples`` a personalized client trains on (the 80 %).
-
-    Raises
-    ------
-    ValueError
-        If the shard has fewer than 2 examples.
-    """
-    n = int(num_examples)
-    if n < 2:
-        raise ValueError(f"personalization needs >= 2 local examples for a held-out split; found {n}")
-    return n - min(n - 1, max(1, int(round(HOLDOUT_FRACTION * n))))
 
 
 def dpsgd_workload(config: ConfigRecord, num_examples: int) -> tuple[int, int]:
@@ -186,14 +173,14 @@ def _head_split(model: nn.Module) -> tuple[list[str], list[str]]:
 
 
 def _privatize(
-    update: list[np.ndarray], clip: float, noise_multiplier: float, noise_shares: int, private: bool, seed: int
+    update: list[np.ndarray], clip: float, noise_multiplier: float, noise_shares: int, private: bool,
+    noise: NoiseSource,
 ) -> tuple[list[np.ndarray], dict[str, float], list[Step]]:
     """The update mode's mechanism on the shared part (or nothing for ``dp-mode none``)."""
     if not private:
         return update, {}, [(0.0, 1.0, 1)]
-    rng = np.random.default_rng(seed)
     noisy, diag = privatize_update(update, clip=clip, noise_multiplier=noise_multiplier,
-                                   noise_shares=noise_shares, rng=rng)
+                                   noise_shares=noise_shares, rng=noise)
     return noisy, diag, [(local_noise_multiplier(noise_multiplier, noise_shares), 1.0, 1)]
 
 
@@ -249,7 +236,8 @@ def _train_phase(model: nn.Module, trainable: Sequence[str], data: ArrayDataset,
             return train_plain(model, data, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.learning_rate,
                                momentum=cfg.momentum, seed=seed), []
         return train_dpsgd(model, data, replace(cfg, epochs=epochs, seed=seed), clip=dpsgd.clip,
-                           noise_multiplier=dpsgd.noise_multiplier, grad_sample_mode=dpsgd.grad_sample_mode)
+                           noise_multiplier=dpsgd.noise_multiplier, noise=dpsgd.noise,
+                           grad_sample_mode=dpsgd.grad_sample_mode)
     finally:
         for p in params.values():
             p.requires_grad_(True)
@@ -265,7 +253,7 @@ def _train_additive_dpsgd(
     set_weights(model, [start[n] for n in names])
     metrics, steps = train_dpsgd(model, data, replace(cfg, learning_rate=(1.0 + alpha) * cfg.learning_rate),
                                  clip=dpsgd.clip, noise_multiplier=dpsgd.noise_multiplier,
-                                 grad_sample_mode=dpsgd.grad_sample_mode)
+                                 noise=dpsgd.noise, grad_sample_mode=dpsgd.grad_sample_mode)
     moved = {n: w - start[n] for n, w in zip(names, get_weights(model))}
     u = {n: received[n] + moved[n] / (1.0 + alpha) for n in names}
     v_new = {n: v[n] + alpha * moved[n] / (1.0 + alpha) for n in names}
@@ -279,6 +267,7 @@ class _DPSGD:
     clip: float
     noise_multiplier: float
     grad_sample_mode: str
+    noise: NoiseSource
 
 
 def train_personalized(
@@ -291,9 +280,12 @@ def train_personalized(
     clip: float,
     noise_multiplier: float,
     partition_id: int,
+    noise: NoiseSource,
     grad_sample_mode: str = "ghost",
 ) -> tuple[dict[str, float], list[Step]]:
     """One round of PPSGD or CENTAUR client work; leaves the **upload** in ``model``.
+
+    Every DP draw (noise, Poisson sampling) comes from the private ``noise`` source.
 
     ``model`` holds the received global model on entry. On return it holds what the
     client sends: the privatised shared part, with the personal part removed (PPSGD: u
@@ -314,7 +306,7 @@ def train_personalized(
     if mode not in keys.DP_MODES:
         raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
     private = mode == keys.DP_UPDATE
-    dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode) if mode == keys.DP_SGD else None
+    dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode, noise) if mode == keys.DP_SGD else None
     shares = int(config.get(keys.NOISE_SHARES, 1))
     train, _ = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
     names = weight_names(model)
@@ -331,7 +323,7 @@ def train_personalized(
         else:
             u, v_new, metrics = _train_additive(model, train, cfg, v, alpha)
             delta = [u[n] - received[n] for n in names]
-            noisy, diag, steps = _privatize(delta, clip, noise_multiplier, shares, private, cfg.seed)
+            noisy, diag, steps = _privatize(delta, clip, noise_multiplier, shares, private, noise)
             upload = [received[n] + d for n, d in zip(names, noisy)]
         _store_personal(context, scheme, v_new)
     elif scheme == keys.PERSONALIZATION_HEAD:
@@ -344,13 +336,13 @@ def train_personalized(
             set_weights(model, [local_head.get(n, received[n]) for n in names])
         head_metrics, head_steps = _train_phase(model, head, train, cfg, head_epochs, cfg.seed, dpsgd)
         metrics, body_steps = (_train_phase(model, body, train, cfg, cfg.epochs, cfg.seed + 1, dpsgd) if body
-                               else (dict(head_metrics), []))
+                               else ({keys.TRAIN_LOSS: head_metrics[keys.TRAIN_LOSS], keys.LOCAL_STEPS: 0.0}, []))
         trained = dict(zip(names, get_weights(model)))
         if dpsgd is not None:  # both phases were DP-SGD: the body is already private
             noisy, diag, steps = [trained[n] - received[n] for n in body], {}, head_steps + body_steps
         else:
             noisy, diag, steps = _privatize([trained[n] - received[n] for n in body], clip, noise_multiplier,
-                                            shares, private, cfg.seed)
+                                            shares, private, noise)
         shared = {n: received[n] + d for n, d in zip(body, noisy)}
         upload = [shared[n] if n in shared else received[n].copy() for n in names]
         _store_personal(context, scheme, {n: trained[n] for n in head})

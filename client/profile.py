@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from privacy.budgets import budgets_for
+from privacy.randomness import NOISE_SOURCES
 
 UserConfig = Mapping[str, bool | int | float | str]
 
@@ -26,6 +28,19 @@ NODE_DELTA = "delta"
 NODE_LEDGER_PATH = "ledger-path"
 NODE_DATA_DIR = "data-dir"
 NODE_SHARD_CACHE = "shard-cache"
+NODE_NOISE_SOURCE = "noise-source"  # csprng | os | seeded (see privacy.randomness)
+NODE_ALLOW_SEEDED_NOISE = "allow-seeded-noise"
+NODE_ALLOW_EVALUATION = "allow-evaluation"
+NODE_REPORT_TRAIN_METRICS = "report-train-metrics"
+NODE_MAX_EXAMPLES = "max-examples"
+
+#: Run-config keys a *simulated* client honours (in simulation the experimenter is also
+#: every client's operator). A deployed client (its node config declares ``epsilon``)
+#: takes these from its own node config only: the server cannot switch them on.
+RUN_NOISE_SOURCE = "noise-source"
+RUN_CLIENT_EVALUATION = "client-evaluation"
+RUN_REPORT_TRAIN_METRICS = "report-train-metrics"
+RUN_LEDGER_DIR = "ledger-dir"
 
 #: The ``budget-distribution`` value of the non-private baseline: no budget at all.
 NO_BUDGET = "none"
@@ -54,6 +69,17 @@ class ClientProfile:
     shard_cache : str | None
         Folder of the node-local shard cache (``client.shard_cache``); None = the default
         folder, ``"off"`` = no cache.
+    noise_source : str
+        Where DP randomness comes from (:mod:`privacy.randomness`); ``"seeded"`` only
+        where the operator allows it.
+    allow_evaluation : bool
+        Whether the server may evaluate models on this client's data (an uncharged
+        release, declared in the report as outside the guarantee).
+    report_train_metrics : bool
+        Whether train replies carry the un-noised training loss, time and update norm
+        (outside the guarantee; off by default).
+    max_examples : int | None
+        Operator's cap on the examples this client trains on (and declares).
     """
 
     client_id: str
@@ -65,6 +91,15 @@ class ClientProfile:
     ledger_path: str | None
     data_dir: str | None
     shard_cache: str | None = None
+    noise_source: str = "csprng"
+    allow_evaluation: bool = False
+    report_train_metrics: bool = False
+    max_examples: int | None = None
+
+    @property
+    def simulated(self) -> bool:
+        """A client whose budget comes from the run's distribution (simulation)."""
+        return self.budget_source == "distribution"
 
 
 def _node_int(node_config: UserConfig, key: str) -> int:
@@ -121,19 +156,40 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientPr
             f"node-config 'partition-id' must be in [0, {num_partitions}); found {partition_id}"
         )
     if NODE_EPSILON in node_config:
-        epsilon = float(node_config[NODE_EPSILON])
+        epsilon = _node_float(node_config, NODE_EPSILON)
         source = "node-config"
     else:
         epsilon = simulated_budget(run_config, partition_id, num_partitions)
         source = "distribution"
-    delta = float(node_config.get(NODE_DELTA, run_config.get("delta", 1e-5)))
+    delta = _node_float(node_config, NODE_DELTA) if NODE_DELTA in node_config else float(run_config.get("delta", 1e-5))
     if not (epsilon > 0):  # also rejects NaN
         raise ValueError(f"node-config 'epsilon' must be > 0 (or inf); found {epsilon}")
     if not 0.0 < delta < 1.0:
         raise ValueError(f"node-config 'delta' must be in (0, 1); found {delta}")
+    simulated = source == "distribution"
+    # In simulation the run config speaks for every client; in deployment only the node.
+    options = {**run_config, **node_config} if simulated else dict(node_config)
+    noise = str(options.get(NODE_NOISE_SOURCE, "csprng"))
+    if noise not in NOISE_SOURCES:
+        raise ValueError(f"node-config '{NODE_NOISE_SOURCE}' must be one of {', '.join(NOISE_SOURCES)}; "
+                         f"found {noise!r}")
+    if noise == "seeded" and not (simulated or _node_flag(node_config, NODE_ALLOW_SEEDED_NOISE)):
+        raise ValueError(f"'{NODE_NOISE_SOURCE}=seeded' lets whoever knows the run seed remove this client's "
+                         f"noise; a deployed node accepts it only with node-config "
+                         f"'{NODE_ALLOW_SEEDED_NOISE}=true'")
+    evaluation = (_node_flag(node_config, NODE_ALLOW_EVALUATION) or
+                  (simulated and str(run_config.get(RUN_CLIENT_EVALUATION, "off")) == "on"))
+    train_metrics = (_node_flag(node_config, NODE_REPORT_TRAIN_METRICS) or
+                     (simulated and bool(run_config.get(RUN_REPORT_TRAIN_METRICS, False))))
     ledger = node_config.get(NODE_LEDGER_PATH)
+    ledger_dir = str(run_config.get(RUN_LEDGER_DIR, "")) if simulated else ""
+    if not ledger and ledger_dir:
+        ledger = str(Path(ledger_dir) / f"client-{partition_id}.json")
     data_dir = node_config.get(NODE_DATA_DIR)
     shard_cache = node_config.get(NODE_SHARD_CACHE)
+    max_examples = _node_int(node_config, NODE_MAX_EXAMPLES) if NODE_MAX_EXAMPLES in node_config else None
+    if max_examples is not None and max_examples < 1:
+        raise ValueError(f"node-config '{NODE_MAX_EXAMPLES}' must be an integer >= 1; found {max_examples}")
     return ClientProfile(
         client_id=str(node_config.get(NODE_CLIENT_ID, partition_id)),
         partition_id=partition_id,
@@ -144,4 +200,25 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientPr
         ledger_path=str(ledger) if ledger else None,
         data_dir=str(data_dir) if data_dir else None,
         shard_cache=str(shard_cache) if shard_cache else None,
+        noise_source=noise,
+        allow_evaluation=evaluation,
+        report_train_metrics=train_metrics,
+        max_examples=max_examples,
     )
+
+
+def _node_float(node_config: UserConfig, key: str) -> float:
+    try:
+        return float(node_config[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"node-config '{key}' must be a number; found {node_config[key]!r}") from None
+
+
+def _node_flag(node_config: UserConfig, key: str) -> bool:
+    """A boolean node-config key: true/false (Flower parses ``key=true`` to a bool)."""
+    value = node_config.get(key, False)
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false"):
+            raise ValueError(f"node-config '{key}' must be true or false; found {value!r}")
+        return value.lower() == "true"
+    return bool(value)

@@ -3,19 +3,24 @@
 Each function trains ``model`` in place from the global weights already loaded into it and
 returns ``(metrics, steps)``, where ``steps`` is the list of ``(noise_multiplier,
 sample_rate, num_steps)`` mechanism invocations that must be charged to the client's ledger.
-The guarantees:
+Every DP random draw (Gaussian noise, Poisson sampling) comes from the ``noise`` source the
+caller passes (:mod:`privacy.randomness`: entropy that never leaves the client); the
+non-DP randomness of local SGD (shuffling, dropout) may be seeded reproducibly. The
+guarantees, both under the **replace-one** relation (the dataset size is public):
 
 ``dpsgd``
-    Sample-level (ε, δ)-DP of the client's dataset w.r.t. adding/removing one example,
-    via DP-SGD with Poisson sampling (rate q = 1/⌈n/B⌉), per-sample clipping to C and
-    Gaussian noise σC per step (Abadi et al. 2016; Opacus).
+    Sample-level (ε, δ)-DP of the client's dataset w.r.t. replacing one example by
+    another, via DP-SGD with Poisson sampling (rate q = 1/⌈n/B⌉), per-sample clipping to C
+    and Gaussian noise σC per step (Abadi et al. 2016; Opacus for the per-sample
+    gradients). Every one of the ``epochs × ⌈n/B⌉`` steps is taken and charged, an empty
+    Poisson batch included (it releases noise only).
 ``update``
     Client-level DP of each upload w.r.t. replacing the client's whole dataset: the model
-    update Δ is clipped to ‖Δ‖₂ ≤ C and N(0, σ²C²/m) is added locally. One upload alone is
-    a Gaussian mechanism with multiplier σ/√m (m = 1: purely local DP); the full σ holds
-    only for the sum of m uploads, i.e. against a server that sees only that sum
-    (secure aggregation, which this system does not implement). The ledger charges the
-    per-upload multiplier σ/√m: what an honest-but-curious server actually sees.
+    update Δ is clipped to ‖Δ‖₂ <= C and N(0, σ²C²/m) is added locally. One upload alone is
+    a Gaussian mechanism with multiplier σ/√m and sensitivity 2C (two updates in the
+    C-ball); the full σ holds only for the sum of m uploads, i.e. against a server that
+    sees only that sum (secure aggregation). The ledger charges the per-upload multiplier
+    σ/√m under replace-one: what an honest-but-curious server actually sees.
 ``none``
     No guarantee; only allowed for clients whose budget is infinite.
 """
@@ -32,7 +37,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privacy.accountants import Step
-from privacy.mechanisms import local_noise_multiplier, privatize_update
+from privacy.mechanisms import (
+    dpsgd_sample_rate,
+    dpsgd_steps_per_round,
+    local_noise_multiplier,
+    privatize_update,
+)
+from privacy.randomness import NoiseSource
 from tasks.datasets import ArrayDataset
 from tasks.models import get_weights, set_weights, train_plain
 
@@ -63,14 +74,43 @@ def local_sgd(model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig) ->
     )
 
 
-def dpsgd_sample_rate(num_examples: int, batch_size: int) -> float:
-    """Poisson sampling rate Opacus uses for a loader of batch ``B``: q = 1/⌈n/B⌉."""
-    return 1.0 / max(1, -(-num_examples // batch_size))
+def poisson_batches(num_examples: int, sample_rate: float, steps: int, noise: NoiseSource):
+    """Yield ``steps`` index arrays; each index is in a batch independently with prob. q.
+
+    The coin flips come from the private ``noise`` source, so nobody else can tell which
+    examples a step used. Batches may be empty.
+    """
+    for _ in range(steps):
+        yield np.flatnonzero(noise.uniform(num_examples) < sample_rate)
 
 
-def dpsgd_steps_per_round(num_examples: int, batch_size: int, epochs: int) -> int:
-    """Expected DP-SGD steps in one round: ``epochs`` × ⌈n/B⌉ (one pass = 1/q steps)."""
-    return epochs * max(1, -(-num_examples // batch_size))
+def _private_noise(optimizer, noise: NoiseSource) -> None:
+    """Make an Opacus DP optimizer draw its Gaussian noise from ``noise``.
+
+    Replaces the instance's ``add_noise`` (Opacus draws from a ``torch.Generator``): the
+    same arithmetic, p.grad = p.summed_grad + N(0, (σC)²), with the draw from the source.
+    """
+    from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+    def add_noise() -> None:
+        std = optimizer.noise_multiplier * optimizer.max_grad_norm
+        for p in optimizer.params:
+            _check_processed_flag(p.summed_grad)
+            draw = noise.normal(tuple(p.summed_grad.shape), std)
+            p.grad = (p.summed_grad + torch.from_numpy(draw).to(p.summed_grad.dtype)).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+    optimizer.add_noise = add_noise
+
+
+def _empty_step(optimizer, ghost: bool) -> None:
+    """One DP-SGD step on an empty batch: nothing to clip, the update is noise only."""
+    for p in optimizer.params:
+        if ghost:  # the fast-gradient-clipping optimizer accumulates p.grad (already clipped)
+            p.grad = torch.zeros_like(p)
+        else:  # per-sample gradients of zero samples
+            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+    optimizer.step()
 
 
 def train_dpsgd(
@@ -80,24 +120,30 @@ def train_dpsgd(
     *,
     clip: float,
     noise_multiplier: float,
+    noise: NoiseSource,
     grad_sample_mode: str = "ghost",
 ) -> tuple[dict[str, float], list[Step]]:
-    """Sample-level DP-SGD with Opacus; returns metrics and the steps to charge.
+    """Sample-level DP-SGD; returns metrics and the steps to charge.
 
-    The steps come from the Opacus accountant attached to this round's privacy engine,
-    i.e. what the optimizer actually did (Poisson sampling may vary the batch sizes, never
-    the number of steps).
+    Opacus computes the per-sample gradients and clips them; the batches come from
+    :func:`poisson_batches` and the noise from ``noise``. Exactly
+    ``epochs × ⌈n/B⌉`` steps are taken at q = 1/⌈n/B⌉ and charged as such, the same
+    figures the round was planned and checked with.
     """
     from opacus import PrivacyEngine  # heavy import, only where used
 
-    generator = torch.Generator().manual_seed(cfg.seed)
-    dataset = TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, generator=generator)
+    n = len(data)
+    rate = dpsgd_sample_rate(n, cfg.batch_size)
+    steps = dpsgd_steps_per_round(n, cfg.batch_size, cfg.epochs)
+    x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    # Opacus reads q and the expected batch size (n·q, for the mean loss) off this loader;
+    # its batches are never used.
+    loader = DataLoader(TensorDataset(x_all, y_all), batch_size=cfg.batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones get no noise either
     optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
     criterion = nn.CrossEntropyLoss()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus warns about secure_mode on every call
+        warnings.simplefilter("ignore")  # Opacus warns about secure_mode and poisson_sampling
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         private = engine.make_private(
             module=model,
@@ -106,37 +152,37 @@ def train_dpsgd(
             data_loader=loader,
             noise_multiplier=noise_multiplier,
             max_grad_norm=clip,
-            poisson_sampling=True,
+            poisson_sampling=False,
             grad_sample_mode=grad_sample_mode,
-            noise_generator=torch.Generator().manual_seed(cfg.seed + 1),
         )
     if len(private) == 4:  # ghost clipping also returns a wrapped criterion
-        dp_model, dp_optimizer, dp_criterion, dp_loader = private
+        dp_model, dp_optimizer, dp_criterion, _ = private
     else:
-        dp_model, dp_optimizer, dp_loader = private
+        dp_model, dp_optimizer, _ = private
         dp_criterion = criterion
+    _private_noise(dp_optimizer, noise)
+    ghost = grad_sample_mode == "ghost"
     dp_model.train()
     losses: list[float] = []
     try:
-        for _ in range(cfg.epochs):
-            for xb, yb in dp_loader:
-                if len(yb) == 0:  # Poisson sampling may draw an empty batch; Opacus still steps
-                    dp_optimizer.zero_grad()
-                    continue
-                dp_optimizer.zero_grad()
-                loss = dp_criterion(dp_model(xb), yb)
-                loss.backward()
-                dp_optimizer.step()
-                losses.append(float(loss.item()))
+        for batch in poisson_batches(n, rate, steps, noise):
+            dp_optimizer.zero_grad()
+            if len(batch) == 0:
+                _empty_step(dp_optimizer, ghost)
+                continue
+            index = torch.from_numpy(batch)
+            loss = dp_criterion(dp_model(x_all[index]), y_all[index])
+            loss.backward()
+            dp_optimizer.step()
+            losses.append(float(loss.item()))
     finally:  # unhook, so the same model can be made private again (CENTAUR's two phases)
         dp_optimizer.zero_grad()
         dp_model.to_standard_module()
-    steps: list[Step] = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
     metrics = {
         "train-loss": float(np.mean(losses)) if losses else float("nan"),
-        "local-steps": float(sum(n for _, _, n in steps)),
+        "local-steps": float(steps),
     }
-    return metrics, steps
+    return metrics, [(float(noise_multiplier), rate, steps)]
 
 
 def train_update_dp(
@@ -147,19 +193,20 @@ def train_update_dp(
     clip: float,
     noise_multiplier: float,
     noise_shares: int,
+    noise: NoiseSource,
 ) -> tuple[dict[str, float], list[Step]]:
     """Client-level DP: plain local SGD, then clip Δ to C and add N(0, σ²C²/m) locally.
 
-    The new model sent up is w₀ + clip(Δ) + noise. Charged to the ledger: one Gaussian
-    mechanism with multiplier σ/√m at sampling rate 1 (the server knows who took part).
+    The new model sent up is w₀ + clip(Δ) + noise, the noise drawn from the private
+    ``noise`` source. Charged to the ledger: one Gaussian mechanism with multiplier σ/√m at
+    sampling rate 1 (the server knows who took part), under replace-one.
     """
     start = [w.copy() for w in get_weights(model)]
     metrics = local_sgd(model, data, cfg)
     trained = get_weights(model)
     update = [w - w0 for w, w0 in zip(trained, start)]
-    rng = np.random.default_rng(cfg.seed)
     noisy, diag = privatize_update(
-        update, clip=clip, noise_multiplier=noise_multiplier, noise_shares=noise_shares, rng=rng
+        update, clip=clip, noise_multiplier=noise_multiplier, noise_shares=noise_shares, rng=noise
     )
     set_weights(model, [w0 + u for w0, u in zip(start, noisy)])
     metrics = {**metrics, **diag}

@@ -21,12 +21,15 @@ from privacy._validation import (
     check_probability,
     check_step,
 )
-from privacy.accountants import ACCOUNTANTS, Step, epsilon_of
+from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Step, epsilon_of
 from privacy.exceptions import PrivacyBudgetExhausted
 
 __all__ = ["MAX_SIGMA", "epsilon_for", "noise_multiplier_for"]
 
 log = logging.getLogger(__name__)
+
+#: Default precision of the search, relative to the target ε.
+CALIBRATION_RTOL = 1e-3
 
 #: Largest σ the search considers (Opacus' ``MAX_SIGMA``).
 MAX_SIGMA = 1e6
@@ -43,7 +46,8 @@ def noise_multiplier_for(
     *,
     accountant: str = "rdp",
     prior_history: Sequence[Step] = (),
-    tolerance: float = 0.01,
+    tolerance: float | None = None,
+    relation: str = REPLACE_ONE,
 ) -> float:
     """Smallest noise multiplier σ whose run stays within ``target_epsilon``.
 
@@ -71,8 +75,11 @@ def noise_multiplier_for(
         Accountant used for ε (see :func:`privacy.accountants.epsilon_of`).
     prior_history : sequence of (float, float, int)
         What was already spent, e.g. a client's ledger history from earlier runs.
-    tolerance : float
-        Precision of the search in ε, > 0.
+    tolerance : float, optional
+        Precision of the search in ε, > 0; by default :data:`CALIBRATION_RTOL` of the
+        target (a budget near 0.1 is used as fully as one near 10).
+    relation : {"replace-one", "add-remove"}
+        Neighbouring relation (:mod:`privacy.accountants`); ledgers charge replace-one.
 
     Returns
     -------
@@ -100,10 +107,12 @@ def noise_multiplier_for(
     rate = check_probability("sample_rate", sample_rate)
     steps = check_int("steps", steps, minimum=1)
     accountant = check_choice("accountant", accountant, ACCOUNTANTS)
-    tolerance = check_positive_finite("tolerance", tolerance)
+    tolerance = check_positive_finite(
+        "tolerance", CALIBRATION_RTOL * target if tolerance is None else tolerance
+    )
     prior = [check_step(s, name=f"prior_history[{i}]") for i, s in enumerate(prior_history)]
 
-    spent = epsilon_of(prior, delta, accountant)
+    spent = epsilon_of(prior, delta, accountant, relation)
     if spent >= target:
         raise PrivacyBudgetExhausted(
             f"prior history already spends epsilon={spent:.6g} >= target_epsilon={target:g} "
@@ -111,7 +120,7 @@ def noise_multiplier_for(
         )
 
     def eps_at(sigma: float, q: float = rate) -> float:
-        return epsilon_of([*prior, (sigma, q, steps)], delta, accountant)
+        return epsilon_of([*prior, (sigma, q, steps)], delta, accountant, relation)
 
     # Fast feasibility check (q = 1 has a closed-form RDP): subsampling only lowers ε, so
     # if even q = 1 at MAX_SIGMA meets the target, the search below terminates; if not,
@@ -157,6 +166,7 @@ def epsilon_for(
     steps: int,
     *,
     accountant: str = "rdp",
+    relation: str = REPLACE_ONE,
 ) -> float:
     """ε of ``steps`` runs of a q-subsampled Gaussian mechanism with multiplier σ.
 
@@ -170,4 +180,4 @@ def epsilon_for(
     sigma = check_nonnegative_finite("noise_multiplier", noise_multiplier)
     rate = check_probability("sample_rate", sample_rate)
     steps = check_int("steps", steps, minimum=1)
-    return epsilon_of([(sigma, rate, steps)], delta, accountant)
+    return epsilon_of([(sigma, rate, steps)], delta, accountant, relation)

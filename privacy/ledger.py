@@ -6,6 +6,12 @@ history of mechanisms run on its data (``(σ, q, n)`` triples, see
 always *recomputed* from the history (replay), never stored as a running sum, so a ledger
 restored from JSON reports exactly what the original did.
 
+Every entry is accounted under the **replace-one** relation (:mod:`privacy.accountants`),
+and every release records the DP mode it came from, so the report can say what the
+cumulative ε protects: a client's whole dataset (all releases client-level, ``update``
+mode) or one record of it (any ``dpsgd`` release, or a release of unknown mode; a
+client-level guarantee implies a record-level one, never the other way round).
+
 Invariant: :meth:`PrivacyLedger.record` refuses (raises ``PrivacyBudgetExhausted``,
 records nothing) any mechanism that would take the cumulative ε past the budget, so
 ``spent() <= epsilon_budget · (1 + BUDGET_RTOL)`` holds for every ledger built by records.
@@ -32,7 +38,7 @@ from privacy._validation import (
 )
 from privacy.accountants import (
     ACCOUNTANTS,
-    SCHEMA_VERSION,
+    REPLACE_ONE,
     Step,
     epsilon_of,
     exceeds_budget,
@@ -40,12 +46,22 @@ from privacy.accountants import (
 )
 from privacy.exceptions import PrivacyBudgetExhausted
 
-__all__ = ["LEDGER_KIND", "PrivacyLedger"]
+__all__ = ["CLIENT_LEVEL_MODES", "LEDGER_KIND", "PrivacyLedger", "UNIT_CLIENT", "UNIT_RECORD"]
 
 log = logging.getLogger(__name__)
 
 #: Value of the ``"kind"`` field that marks a file as a privet privacy ledger.
 LEDGER_KIND = "privet-privacy-ledger"
+
+#: Version of the ledger JSON layout. Version 1 (no ``modes``, ``relation``) still loads:
+#: its mechanisms are re-accounted under replace-one and its releases have mode "unknown".
+LEDGER_SCHEMA_VERSION = 2
+
+#: Modes whose releases protect a client's whole dataset; every other mode protects a record.
+CLIENT_LEVEL_MODES = frozenset({"update"})
+UNIT_CLIENT = "client"
+UNIT_RECORD = "record"
+UNKNOWN_MODE = "unknown"
 
 _REQUIRED_KEYS = (
     "schema_version",
@@ -57,7 +73,8 @@ _REQUIRED_KEYS = (
     "rounds",
     "run_ids",
 )
-_INFORMATIONAL_KEYS = ("epsilon_spent",)  # written for humans, ignored (recomputed) on load
+_V2_KEYS = ("modes", "relation")
+_INFORMATIONAL_KEYS = ("epsilon_spent", "unit")  # written for humans, ignored (recomputed) on load
 
 
 @dataclass
@@ -79,6 +96,9 @@ class PrivacyLedger:
     rounds, run_ids : list of int
         Parallel lists, one entry per :meth:`record` call: the server round and the run id
         of that release (:meth:`rounds_joined` counts the distinct pairs).
+    modes : list of str
+        Parallel to ``rounds``: the DP mode of each release (``"unknown"`` for releases
+        loaded from a version-1 ledger).
 
     Notes
     -----
@@ -91,6 +111,7 @@ class PrivacyLedger:
     history: list[Step] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)
     run_ids: list[int] = field(default_factory=list)
+    modes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.epsilon_budget = check_positive("epsilon_budget", self.epsilon_budget)
@@ -105,10 +126,13 @@ class PrivacyLedger:
                 raise ValueError(f"{name} must be a list of integers; found {values!r}")
             checked = [check_int(f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values)]
             setattr(self, name, checked)
-        if len(self.rounds) != len(self.run_ids):
+        if not isinstance(self.modes, (list, tuple)) or not all(isinstance(m, str) for m in self.modes):
+            raise ValueError(f"modes must be a list of strings; found {self.modes!r}")
+        self.modes = list(self.modes)
+        if not len(self.rounds) == len(self.run_ids) == len(self.modes):
             raise ValueError(
-                "rounds and run_ids must have one entry per record; found "
-                f"{len(self.rounds)} rounds and {len(self.run_ids)} run_ids"
+                "rounds, run_ids and modes must have one entry per record; found "
+                f"{len(self.rounds)} rounds, {len(self.run_ids)} run_ids and {len(self.modes)} modes"
             )
 
     # ------------------------------------------------------------------ accounting
@@ -124,6 +148,11 @@ class PrivacyLedger:
         if math.isinf(self.epsilon_budget):
             return math.inf
         return max(0.0, self.epsilon_budget - self.spent())
+
+    def unit(self) -> str:
+        """What the cumulative ε protects: ``"client"`` if every release was client-level,
+        else ``"record"`` (the weaker guarantee that all releases share)."""
+        return UNIT_CLIENT if self.modes and all(m in CLIENT_LEVEL_MODES for m in self.modes) else UNIT_RECORD
 
     def rounds_joined(self) -> int:
         """Number of distinct (run, server round) pairs in which something was recorded."""
@@ -149,8 +178,11 @@ class PrivacyLedger:
         *,
         server_round: int,
         run_id: int,
+        mode: str = UNKNOWN_MODE,
     ) -> None:
         """Charge ``steps`` runs of a q-subsampled Gaussian mechanism with multiplier σ.
+
+        ``mode`` is the DP mode the release came from (it decides :meth:`unit`).
 
         Raises
         ------
@@ -173,13 +205,14 @@ class PrivacyLedger:
         merge_step(self.history, step)
         self.rounds.append(server_round)
         self.run_ids.append(run_id)
+        self.modes.append(str(mode))
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state; an infinite budget is stored as ``null``."""
         spent = self.spent()
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": LEDGER_SCHEMA_VERSION,
             "kind": LEDGER_KIND,
             "epsilon_budget": self.epsilon_budget if math.isfinite(self.epsilon_budget) else None,
             "delta": self.delta,
@@ -187,7 +220,10 @@ class PrivacyLedger:
             "history": [[float(s), float(q), int(n)] for s, q, n in self.history],
             "rounds": list(self.rounds),
             "run_ids": list(self.run_ids),
+            "modes": list(self.modes),
+            "relation": REPLACE_ONE,
             "epsilon_spent": spent if math.isfinite(spent) else None,
+            "unit": self.unit(),
         }
 
     def to_json(self) -> str:
@@ -206,24 +242,30 @@ class PrivacyLedger:
         """
         if not isinstance(state, dict):
             raise ValueError(f"ledger must be a JSON object; found {type(state).__name__}")
-        missing = [k for k in _REQUIRED_KEYS if k not in state]
-        unknown = sorted(str(k) for k in state if k not in _REQUIRED_KEYS + _INFORMATIONAL_KEYS)
+        version = check_int("schema_version", state.get("schema_version"), minimum=0)
+        if version not in (1, LEDGER_SCHEMA_VERSION):
+            raise ValueError(
+                f"ledger schema_version {version} is not supported; supported: 1, {LEDGER_SCHEMA_VERSION}"
+            )
+        required = _REQUIRED_KEYS + (_V2_KEYS if version >= 2 else ())
+        missing = [k for k in required if k not in state]
+        unknown = sorted(str(k) for k in state if k not in required + _INFORMATIONAL_KEYS)
         if missing or unknown:
             raise ValueError(
-                f"ledger keys must be {list(_REQUIRED_KEYS)} (plus optional "
+                f"ledger keys must be {list(required)} (plus optional "
                 f"{list(_INFORMATIONAL_KEYS)}); missing {missing}, unexpected {unknown}"
             )
         if state["kind"] != LEDGER_KIND:
             raise ValueError(f"ledger 'kind' must be {LEDGER_KIND!r}; found {state['kind']!r}")
-        version = check_int("schema_version", state["schema_version"], minimum=0)
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"ledger schema_version {version} is not supported; supported: {SCHEMA_VERSION}"
-            )
+        if version >= 2 and state["relation"] != REPLACE_ONE:
+            raise ValueError(f"ledger 'relation' must be {REPLACE_ONE!r}; found {state['relation']!r}")
         budget = state["epsilon_budget"]
         for name in ("history", "rounds", "run_ids"):
             if not isinstance(state[name], list):
                 raise ValueError(f"ledger '{name}' must be a list; found {state[name]!r}")
+        modes = state["modes"] if version >= 2 else [UNKNOWN_MODE] * len(state["rounds"])
+        if not isinstance(modes, list):
+            raise ValueError(f"ledger 'modes' must be a list; found {modes!r}")
         return cls(
             epsilon_budget=math.inf if budget is None else budget,
             delta=state["delta"],
@@ -231,6 +273,7 @@ class PrivacyLedger:
             history=list(state["history"]),
             rounds=list(state["rounds"]),
             run_ids=list(state["run_ids"]),
+            modes=list(modes),
         )
 
     @classmethod
@@ -342,6 +385,7 @@ class PrivacyLedger:
             history=stored.history,
             rounds=stored.rounds,
             run_ids=stored.run_ids,
+            modes=stored.modes,
         )
         if changes and exceeds_budget(ledger.spent(), ledger.epsilon_budget):
             log.warning(

@@ -13,8 +13,9 @@ Each *single* upload, as an honest-but-curious server sees it without secure agg
 only carries multiplier σ/√m (:func:`local_noise_multiplier`); with m = 1 the two coincide
 and every upload is private on its own (local DP).
 
-Nothing here draws from numpy's global random state: noise takes an explicit
-``np.random.Generator``.
+Nothing here draws from numpy's global random state: noise takes an explicit source, a
+:class:`privacy.randomness.NoiseSource` (what clients use: entropy nobody else knows) or a
+``np.random.Generator`` (seeded, for tests).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from privacy._validation import check_int, check_nonnegative_finite, check_positive_finite
+from privacy.randomness import NoiseSource
 
 __all__ = [
     "CLIPPED",
     "NOISE_STD",
     "UPDATE_NORM",
     "clip_update",
+    "dpsgd_sample_rate",
+    "dpsgd_steps_per_round",
     "gaussian_noise_like",
     "l2_norm",
     "local_noise_multiplier",
@@ -121,7 +125,7 @@ def clip_update(
 
 
 def gaussian_noise_like(
-    arrays: Sequence[np.ndarray], std: float, rng: np.random.Generator
+    arrays: Sequence[np.ndarray], std: float, rng: np.random.Generator | NoiseSource
 ) -> list[np.ndarray]:
     """Independent N(0, std²) noise with the shapes and dtypes of ``arrays``.
 
@@ -134,15 +138,20 @@ def gaussian_noise_like(
     ValueError
         If ``std`` is negative or not finite.
     TypeError
-        If ``rng`` is not a ``numpy.random.Generator`` or an array is not floating point.
+        If ``rng`` is neither a ``numpy.random.Generator`` nor a noise source, or an array
+        is not floating point.
     """
     std = check_nonnegative_finite("std", std)
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator; found {type(rng).__name__}")
     arrays = _check_arrays(arrays, name="arrays")
+    if isinstance(rng, np.random.Generator):
+        draw = lambda shape: rng.standard_normal(shape) * std  # noqa: E731
+    elif isinstance(rng, NoiseSource):
+        draw = lambda shape: rng.normal(shape, std)  # noqa: E731
+    else:
+        raise TypeError(f"rng must be a numpy.random.Generator or a NoiseSource; found {type(rng).__name__}")
     if std == 0.0:
         return [np.zeros(a.shape, dtype=a.dtype) for a in arrays]
-    return [(rng.standard_normal(a.shape) * std).astype(a.dtype) for a in arrays]
+    return [draw(a.shape).astype(a.dtype) for a in arrays]
 
 
 def privatize_update(
@@ -151,7 +160,7 @@ def privatize_update(
     clip: float,
     noise_multiplier: float,
     noise_shares: int,
-    rng: np.random.Generator,
+    rng: np.random.Generator | NoiseSource,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Clip an update to C, then add this client's share of Gaussian noise.
 
@@ -169,8 +178,8 @@ def privatize_update(
         σ >= 0 of the *released aggregate*.
     noise_shares : int
         m >= 1, how many clients' noise adds up to the release.
-    rng : numpy.random.Generator
-        Source of the noise.
+    rng : numpy.random.Generator or NoiseSource
+        Source of the noise (clients pass a private :mod:`privacy.randomness` source).
 
     Returns
     -------
@@ -196,16 +205,17 @@ def privatize_update(
 
 
 def local_noise_multiplier(noise_multiplier: float, noise_shares: int) -> float:
-    """σ/√m: the multiplier that one client's upload enjoys on its own.
+    """σ/√m: the multiplier that one client's upload carries on its own.
 
     With m shares each client adds N(0, σ²C²/m). An honest-but-curious server that sees
-    individual uploads (no secure aggregation) sees one clipped update of sensitivity C
-    under noise std σC/√m, i.e. a Gaussian mechanism with multiplier σ/√m: that, not σ, is
-    the guarantee against the server, and what a client should charge to its own ledger
-    unless it trusts the aggregation. σ holds only for the *sum* of all m shares, and only
-    if all m clients actually add their share: if just m' < m do (dropouts), the sum
-    carries multiplier σ√(m'/m); if k of them collude with the server and reveal their
-    noise, the rest protects a client with σ√((m−k)/m).
+    individual uploads (no secure aggregation) sees one clipped update under noise std
+    σC/√m, i.e. a Gaussian mechanism with multiplier σ/√m: that, not σ, is the guarantee
+    against the server, and what a client charges to its own ledger. (The ledger's
+    replace-one accountant applies the sensitivity 2C of replacing a client's whole
+    update by another; see :mod:`privacy.accountants`.) σ holds only for the *sum* of all m
+    shares, and only if all m clients actually add their share: if just m' < m do
+    (dropouts), the sum carries multiplier σ√(m'/m); if k of them collude with the server
+    and reveal their noise, the rest protects a client with σ√((m−k)/m).
 
     Raises
     ------
@@ -215,3 +225,21 @@ def local_noise_multiplier(noise_multiplier: float, noise_shares: int) -> float:
     sigma = check_nonnegative_finite("noise_multiplier", noise_multiplier)
     shares = check_int("noise_shares", noise_shares, minimum=1)
     return sigma / math.sqrt(shares)
+
+
+def dpsgd_batches_per_epoch(num_examples: int, batch_size: int) -> int:
+    """⌈n/B⌉: the expected number of Poisson batches of size B in one pass over n examples."""
+    return max(1, -(-int(num_examples) // int(batch_size)))
+
+
+def dpsgd_sample_rate(num_examples: int, batch_size: int) -> float:
+    """DP-SGD's Poisson sampling rate q = 1/⌈n/B⌉ (expected batch n/⌈n/B⌉ <= B).
+
+    A function of the public n and B only: the server derives it too and checks replies.
+    """
+    return 1.0 / dpsgd_batches_per_epoch(num_examples, batch_size)
+
+
+def dpsgd_steps_per_round(num_examples: int, batch_size: int, epochs: int) -> int:
+    """DP-SGD steps in one round: ``epochs`` × ⌈n/B⌉, every one taken (empty batches too)."""
+    return int(epochs) * dpsgd_batches_per_epoch(num_examples, batch_size)

@@ -23,6 +23,7 @@ from pydantic import (
 
 from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
+from privacy.randomness import NOISE_SOURCES
 from strategies.fedceo import FedCEOConfig
 from strategies.pfa import PFAConfig
 from strategies.validation import kebab, one_of
@@ -57,6 +58,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "accountant": ACCOUNTANTS,
     "grad_sample_mode": GRAD_SAMPLE_MODES,
     "budget_distribution": ("none", *BUDGET_DISTRIBUTIONS),
+    "noise_source": NOISE_SOURCES,
+    "client_evaluation": ("off", "on"),
 }
 
 
@@ -87,7 +90,7 @@ class RunConfig(BaseModel):
     learning_rate: float = Field(0.05, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     dp_mode: str = "auto"
-    accountant: str = "rdp"
+    accountant: str = "prv"
     clip: float = Field(1.0, gt=0.0)
     noise_multiplier: float = Field(0.0, ge=0.0)
     noise_shares: int = Field(1, ge=1)
@@ -100,6 +103,11 @@ class RunConfig(BaseModel):
     run_epsilon: float = Field(0.0, ge=0.0)
     out_dir: str = ""
     round_timeout: float = Field(3600.0, gt=0.0)
+    # What simulated clients honour (a deployed client takes these from its node config):
+    noise_source: str = "csprng"
+    client_evaluation: str = "off"
+    report_train_metrics: bool = False
+    ledger_dir: str = ""
     pfa: PFAConfig = PFAConfig()
     fedceo: FedCEOConfig = FedCEOConfig()
 

@@ -11,8 +11,12 @@
    each client its own model, basis or target ε;
 4. **reply validation** before anything is aggregated (``strategies.validation``): a bad
    reply is dropped with a logged reason and the round goes on with the others;
-5. **privacy bookkeeping**: per client, the ε it reports, recomputed independently on the
-   server from the reported mechanism parameters, rounds joined, drops and rejections.
+5. **verification and privacy bookkeeping**: every reported figure the server can derive
+   itself is checked (example count against the handshake, σ against the one it set,
+   DP-SGD's q and steps against the handshake's n), and the claimed cumulative ε must be
+   at least what the verified mechanisms of this run imply under the server's own
+   accountant; a reply that fails is rejected with a logged reason. Per client: the ε it
+   reports, the server's recomputation, rounds joined, drops and rejections.
 
 Subclasses override ``aggregate_models`` (the paper's aggregation rule) and, where the paper
 needs it, ``node_arrays``, ``node_config`` or ``expected_specs``.
@@ -40,15 +44,21 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from privacy.accountants import Step, epsilon_of
+from privacy.accountants import DEFAULT_ACCOUNTANT, Step, epsilon_of
+from privacy.mechanisms import dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.policy import is_spent
 from strategies import keys
 from strategies.validation import (
     ArraySpec,
     DeclaredBudget,
+    ExpectedRelease,
     specs_of,
     validate_train_reply,
 )
+
+#: Relative slack when the claimed cumulative ε is compared with the server's recomputation
+#: (both use the same accountant; the slack absorbs float round-off only).
+CLAIM_RTOL = 1e-6
 
 log = logging.getLogger("privet.strategy")
 
@@ -69,6 +79,10 @@ class ClientAccount:
     dropped_rounds: list[int] = field(default_factory=list)
     rejections: list[tuple[int, str]] = field(default_factory=list)
     exhausted: bool = False
+    guarantee_unit: str = "record"
+    noise_source: str = "csprng"
+    client_evaluation: bool = False
+    train_metrics: bool = False
 
     def declared(self) -> DeclaredBudget:
         return DeclaredBudget(self.epsilon_budget, self.delta, self.epsilon_spent)
@@ -150,7 +164,7 @@ class PrivacyAwareFedAvg(FedAvg):
         *,
         dp_mode: str = keys.DP_SGD,
         noise_shares: int = 1,
-        accountant: str = "rdp",
+        accountant: str = DEFAULT_ACCOUNTANT,
         seed: int = 0,
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
@@ -183,6 +197,7 @@ class PrivacyAwareFedAvg(FedAvg):
         self._global_names: list[str] = []
         self._sampled: dict[int, list[int]] = {}
         self._bytes_down: dict[int, int] = {}
+        self._train_config: ConfigRecord = ConfigRecord()
 
     # ------------------------------------------------------------------ hooks
     def node_arrays(self, server_round: int, account: ClientAccount, arrays: ArrayRecord) -> ArrayRecord:
@@ -201,6 +216,27 @@ class PrivacyAwareFedAvg(FedAvg):
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
         """The paper's aggregation rule. Default: FedAvg, Σ n_k w_k / Σ n_k (McMahan et al.)."""
         return weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies])
+
+    def expected_num_examples(self, account: ClientAccount) -> int:
+        """The example count a train reply must claim (default: the handshake's)."""
+        return account.num_examples
+
+    def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
+        """What the server can derive about this client's next train reply (module doc)."""
+        cfg = self.node_config(server_round, account, self._train_config)
+        n = self.expected_num_examples(account)
+        fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
+        sigma = fixed if fixed > 0 else None
+        if self.dp_mode == keys.DP_NONE:
+            return ExpectedRelease(n, 0.0, 1.0, 1)
+        if self.dp_mode == keys.DP_UPDATE:
+            return ExpectedRelease(n, sigma, 1.0, 1)
+        if cfg.get(keys.PERSONALIZATION, ""):  # the workload depends on the scheme: σ only
+            return ExpectedRelease(n, sigma)
+        if keys.BATCH_SIZE not in cfg or keys.LOCAL_EPOCHS not in cfg:  # a custom train config
+            return ExpectedRelease(n, sigma)
+        batch, epochs = int(cfg[keys.BATCH_SIZE]), int(cfg[keys.LOCAL_EPOCHS])
+        return ExpectedRelease(n, sigma, dpsgd_sample_rate(n, batch), dpsgd_steps_per_round(n, batch, epochs))
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
         """Extra per-round diagnostics a subclass wants in the results (default: none)."""
@@ -244,19 +280,26 @@ class PrivacyAwareFedAvg(FedAvg):
             try:
                 m = reply.content[keys.METRICS]
                 meta = reply.content[keys.META]
+                num = float(m[keys.NUM_EXAMPLES])
+                if not (math.isfinite(num) and num >= 1 and num == int(num)):
+                    raise ValueError(f"'{keys.NUM_EXAMPLES}' must be a positive integer, got {num!r}")
                 account = ClientAccount(
                     node_id=node,
                     client_id=str(meta[keys.CLIENT_ID]),
                     epsilon_budget=float(m[keys.EPSILON_BUDGET]),
                     delta=float(m[keys.DELTA]),
-                    num_examples=int(m[keys.NUM_EXAMPLES]),
+                    num_examples=int(num),
                     epsilon_spent=float(m[keys.EPSILON_SPENT]),
                     epsilon_at_start=float(m[keys.EPSILON_SPENT]),
+                    guarantee_unit=str(meta.get(keys.GUARANTEE_UNIT, "record")),
+                    noise_source=str(meta.get(keys.NOISE_SOURCE, "unknown")),
+                    client_evaluation=str(meta.get(keys.CLIENT_EVALUATION, "off")) == "on",
                 )
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 log.warning("handshake: node %d sent a malformed budget declaration (%s); ignored", node, exc)
                 continue
-            if not (account.epsilon_budget > 0 and 0 < account.delta < 1 and account.epsilon_spent >= 0):
+            if not (account.epsilon_budget > 0 and 0 < account.delta < 1
+                    and math.isfinite(account.epsilon_spent) and account.epsilon_spent >= 0):
                 log.warning("handshake: node %d declared an invalid budget (eps=%s, delta=%s); ignored",
                             node, account.epsilon_budget, account.delta)
                 continue
@@ -294,6 +337,7 @@ class PrivacyAwareFedAvg(FedAvg):
                  [self.accounts[n].client_id for n in chosen], len(nodes),
                  f"; exhausted (not scheduled): {skipped}" if skipped else "")
         config[keys.SERVER_ROUND] = server_round
+        self._train_config = config
         messages, bytes_down = [], 0
         for node in chosen:
             account = self.accounts[node]
@@ -315,6 +359,26 @@ class PrivacyAwareFedAvg(FedAvg):
         if self.dp_mode == keys.DP_UPDATE:
             return [(sigma / math.sqrt(self.noise_shares), 1.0, 1)]
         return [(0.0, 1.0, 1)]
+
+    def _check_claimed_epsilon(self, account: ClientAccount, metrics: dict[str, float],
+                               steps: list[Step]) -> str | None:
+        """The claimed cumulative ε against the server's own recomputation of this run.
+
+        The verified mechanisms of this run alone imply ε_run (server's accountant); a
+        client's cumulative ε can only be larger (earlier runs, rounds whose reply was
+        lost), never smaller, and never above its budget.
+        """
+        try:
+            implied = epsilon_of([*account.server_history, *steps], account.delta, self.accountant)
+        except ValueError as exc:
+            return f"its mechanism cannot be accounted ({exc})"
+        claimed = metrics[keys.EPSILON_SPENT]
+        if claimed < implied * (1.0 - CLAIM_RTOL) - 1e-12:
+            return (f"claimed spent eps={claimed:.6g} is below the {implied:.6g} that its reported mechanisms "
+                    f"(sigma, q, steps) imply under the server's {self.accountant} accountant")
+        if implied > account.epsilon_budget * (1.0 + CLAIM_RTOL):
+            return f"its reported mechanisms imply eps={implied:.6g}, above its budget {account.epsilon_budget:g}"
+        return None
 
     def accept_replies(self, server_round: int, replies: Iterable[Message]) -> list[AcceptedReply]:
         """Validate every reply; book-keep errors, rejections, drops and privacy spending."""
@@ -342,17 +406,21 @@ class PrivacyAwareFedAvg(FedAvg):
                 log.warning("round %d: client %s replied with an error: %s", server_round, name, reason)
                 continue
             reason = validate_train_reply(reply.content, self.expected_specs(server_round, account),
-                                          account.declared())
+                                          account.declared(), self.expected_release(server_round, account))
+            metrics = {k: float(v) for k, v in reply.content[keys.METRICS].items() if not isinstance(v, list)}
+            steps = self._server_steps(metrics) if reason is None else []
+            reason = reason or self._check_claimed_epsilon(account, metrics, steps)
             if reason:
                 account.rejections.append((server_round, reason))
                 rejected.append({"client": name, "reason": reason})
                 log.warning("round %d: rejected reply of client %s: %s", server_round, name, reason)
                 continue
-            metrics = {k: float(v) for k, v in reply.content[keys.METRICS].items() if not isinstance(v, list)}
             meta = dict(reply.content[keys.META]) if keys.META in reply.content.config_records else {}
             account.epsilon_spent = metrics[keys.EPSILON_SPENT]
             account.rounds.append(server_round)
-            account.server_history.extend(self._server_steps(metrics))
+            account.server_history.extend(steps)
+            account.guarantee_unit = str(meta.get(keys.GUARANTEE_UNIT, account.guarantee_unit))
+            account.train_metrics = str(meta.get(keys.TRAIN_METRICS, "off")) == "on"
             if is_spent(account.epsilon_spent, account.epsilon_budget):
                 account.exhausted = True
             accepted.append(AcceptedReply(node, account.client_id,

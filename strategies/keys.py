@@ -50,10 +50,18 @@ UPDATE_NORM: Final = "update-norm"
 CLIPPED: Final = "clipped"
 LOCAL_STEPS: Final = "local-steps"
 SAMPLE_RATE: Final = "sample-rate"
+TRAIN_SECONDS: Final = "train-seconds"
+#: Data-dependent metrics a train reply carries only where the client's operator opts in
+#: (``report-train-metrics``): not covered by the client's ε.
+UNCOVERED_TRAIN_METRICS: Final = (TRAIN_LOSS, TRAIN_SECONDS, UPDATE_NORM, CLIPPED, "head-train-loss")
 
 # --- metadata (ConfigRecord "meta") in replies -----------------------------------
 CLIENT_ID: Final = "client-id"
 BUDGET_SOURCE: Final = "budget-source"  # "node-config" | "distribution"
+NOISE_SOURCE: Final = "noise-source"  # "csprng" | "os" | "seeded" (privacy.randomness)
+GUARANTEE_UNIT: Final = "guarantee-unit"  # "client" | "record": what the client's ε protects
+CLIENT_EVALUATION: Final = "client-evaluation"  # "on" | "off": answers evaluate messages
+TRAIN_METRICS: Final = "train-metrics"  # "on" | "off": reply carries uncovered train metrics
 
 # --- DP modes --------------------------------------------------------------------
 DP_SGD: Final = "dpsgd"
@@ -63,6 +71,7 @@ DP_MODES: Final = (DP_SGD, DP_UPDATE, DP_NONE)
 
 # --- error reasons a client sends (prefixes; the rest is a human message) ---------
 BUDGET_EXHAUSTED: Final = "budget-exhausted"
+EVALUATION_REFUSED: Final = "evaluation-refused"
 
 # --- PFA+ (appended) -------------------------------------------------------------
 # A train request to a private PFA+ client carries, besides "arrays" (the global model,

@@ -48,6 +48,7 @@ from flwr.serverapp import Grid
 
 from strategies import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, seeded_sample, weighted_mean
+from tasks.partition import training_size
 
 log = logging.getLogger("privet.strategy")
 
@@ -108,6 +109,10 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
         cfg.update(self.personal_config())
         return cfg
 
+    def expected_num_examples(self, account: ClientAccount) -> int:
+        """A personalized client trains on (and reports) its 80 % split."""
+        return training_size(account.num_examples) if account.num_examples >= 2 else account.num_examples
+
     def summary(self) -> None:
         super().summary()
         log.info("%s: personalization=%s %s fraction-evaluate=%.2f", type(self).__name__,
@@ -121,9 +126,11 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
 
         Clients that never trained evaluate the shared model with an empty personal part
         (v_k = 0, or the global head): that is their personal model at that point.
-        Evaluation charges no privacy budget, so exhausted clients are asked too.
+        Evaluation is an uncharged release on private data: only clients whose operator
+        allows it are asked (their handshake said so), and never once their budget is spent.
         """
-        registered = sorted(n for n in grid.get_node_ids() if n in self.accounts)
+        registered = sorted(n for n in grid.get_node_ids() if n in self.accounts
+                            and self.accounts[n].client_evaluation and not self.accounts[n].exhausted)
         if not registered:
             return []
         size = max(1, int(math.ceil(self.fraction_evaluate * len(registered))))

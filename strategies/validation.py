@@ -3,8 +3,13 @@
 ``validate_train_reply`` returns ``None`` for an acceptable reply and a one-line reason
 otherwise. It checks the record structure Flower's FedAvg relies on (exactly one
 ArrayRecord and one MetricRecord), the arrays against what the server expects (names,
-shapes, dtypes, finite values) and the privacy figures against what the client declared
-in the handshake (same ε budget and δ, spent ε within the budget, non-decreasing).
+shapes, dtypes, finite values), the privacy figures against what the client declared
+in the handshake (same ε budget and δ, spent ε within the budget, non-decreasing, the
+same example count), and the mechanism it reports against what the server can derive
+itself (:class:`ExpectedRelease`: the σ it fixed, DP-SGD's q and step count from the
+handshake's n). Every value is checked for type and range before it is used, so no
+reply, however malformed, can raise. What the server cannot verify: the noise a client
+actually added, and whether it clipped (an honest client's own ledger is the guarantee).
 """
 
 from __future__ import annotations
@@ -21,7 +26,18 @@ from strategies import keys
 #: Relative slack when comparing a claimed spent ε with its budget (float round-off).
 EPSILON_TOLERANCE = 1e-6
 
-REQUIRED_TRAIN_METRICS = (keys.NUM_EXAMPLES, keys.EPSILON_SPENT, keys.EPSILON_BUDGET, keys.DELTA)
+REQUIRED_TRAIN_METRICS = (
+    keys.NUM_EXAMPLES,
+    keys.EPSILON_SPENT,
+    keys.EPSILON_BUDGET,
+    keys.DELTA,
+    keys.NOISE_MULTIPLIER,
+    keys.SAMPLE_RATE,
+    keys.LOCAL_STEPS,
+)
+
+#: Most steps one reply may claim (a sanity bound: far above any real round).
+MAX_STEPS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,27 @@ class DeclaredBudget:
     epsilon_budget: float
     delta: float
     epsilon_spent: float
+
+
+@dataclass(frozen=True)
+class ExpectedRelease:
+    """What the server can derive about one train reply before it arrives.
+
+    Attributes
+    ----------
+    num_examples : int
+        The example count the reply must claim (the handshake's, or its training split).
+    noise_multiplier : float or None
+        σ the server fixed in the train config (None: the client calibrates its own).
+    sample_rate, steps : float/int or None
+        The mechanism's q and step count where the server can derive them from public
+        figures (DP-SGD: q = 1/⌈n/B⌉, epochs·⌈n/B⌉ steps; update mode: 1 and 1).
+    """
+
+    num_examples: int
+    noise_multiplier: float | None = None
+    sample_rate: float | None = None
+    steps: int | None = None
 
 
 def kebab(name: str) -> str:
@@ -83,19 +120,47 @@ def validate_arrays(record: ArrayRecord, expected: Sequence[ArraySpec]) -> str |
     return None
 
 
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def validate_mechanism(metrics: MetricRecord, expected: ExpectedRelease) -> str | None:
+    """The reported mechanism (n, σ, q, steps) against what the server can derive."""
+    num = float(metrics[keys.NUM_EXAMPLES])  # a positive integer: validate_privacy_metrics came first
+    if int(num) != expected.num_examples:
+        return (f"claimed {keys.NUM_EXAMPLES}={int(num)} contradicts the handshake's {expected.num_examples} "
+                "(the aggregation weight must be the declared count)")
+    sigma = float(metrics[keys.NOISE_MULTIPLIER])
+    rate = float(metrics[keys.SAMPLE_RATE])
+    steps = float(metrics[keys.LOCAL_STEPS])
+    if not (math.isfinite(sigma) and sigma >= 0):
+        return f"claimed noise multiplier {sigma!r} is not a finite number >= 0"
+    if not (math.isfinite(rate) and 0 < rate <= 1):
+        return f"claimed sample rate {rate!r} is outside (0, 1]"
+    if not (math.isfinite(steps) and 1 <= steps <= MAX_STEPS and steps == int(steps)):
+        return f"claimed steps {steps!r} is not an integer in [1, {MAX_STEPS}]"
+    if expected.noise_multiplier is not None and not _same(sigma, expected.noise_multiplier):
+        return f"claimed noise multiplier {sigma:g} differs from the {expected.noise_multiplier:g} the server set"
+    if expected.sample_rate is not None and not _same(rate, expected.sample_rate):
+        return f"claimed sample rate {rate:g} differs from the {expected.sample_rate:g} its example count implies"
+    if expected.steps is not None and int(steps) != expected.steps:
+        return f"claimed {int(steps)} steps differ from the {expected.steps} its example count implies"
+    return None
+
+
 def validate_privacy_metrics(metrics: MetricRecord, declared: DeclaredBudget | None) -> str | None:
     """The privacy figures of a train reply against the handshake's declaration."""
     for key in REQUIRED_TRAIN_METRICS:
         if key not in metrics:
             return f"missing metric '{key}'"
         value = metrics[key]
-        if isinstance(value, list) or isinstance(value, bool):
+        if isinstance(value, list) or isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"metric '{key}' must be a scalar, got {value!r}"
         if math.isnan(float(value)):
             return f"metric '{key}' is NaN"
-    num = metrics[keys.NUM_EXAMPLES]
-    if float(num) <= 0 or float(num) != int(num):
-        return f"metric '{keys.NUM_EXAMPLES}' must be a positive integer, got {num!r}"
+    num = float(metrics[keys.NUM_EXAMPLES])
+    if not math.isfinite(num) or num <= 0 or num != int(num):
+        return f"metric '{keys.NUM_EXAMPLES}' must be a positive integer, got {metrics[keys.NUM_EXAMPLES]!r}"
     budget = float(metrics[keys.EPSILON_BUDGET])
     spent = float(metrics[keys.EPSILON_SPENT])
     delta = float(metrics[keys.DELTA])
@@ -121,6 +186,7 @@ def validate_train_reply(
     content: RecordDict,
     expected: Sequence[ArraySpec],
     declared: DeclaredBudget | None,
+    release: ExpectedRelease | None = None,
 ) -> str | None:
     """``None`` if the train reply is acceptable, else the reason it is rejected."""
     if len(content.array_records) != 1 or keys.ARRAYS not in content.array_records:
@@ -130,4 +196,8 @@ def validate_train_reply(
     reason = validate_arrays(content.array_records[keys.ARRAYS], expected)
     if reason:
         return reason
-    return validate_privacy_metrics(content.metric_records[keys.METRICS], declared)
+    metrics = content.metric_records[keys.METRICS]
+    reason = validate_privacy_metrics(metrics, declared)
+    if reason or release is None:
+        return reason
+    return validate_mechanism(metrics, release)

@@ -288,3 +288,23 @@ def clear_cache() -> None:
     """Forget every partitioner built so far in this process."""
     with _lock:
         _cache.clear()
+
+
+#: Share of a personalized client's shard held out as its local test data (PPSGD / CENTAUR).
+HOLDOUT_FRACTION = 0.2
+
+
+def training_size(num_examples: int) -> int:
+    """How many of a shard's ``num_examples`` a personalized client trains on (the 80 %).
+
+    Client and server both use it: the server checks the count a reply claims.
+
+    Raises
+    ------
+    ValueError
+        If the shard has fewer than 2 examples.
+    """
+    n = int(num_examples)
+    if n < 2:
+        raise ValueError(f"personalization needs >= 2 local examples for a held-out split; found {n}")
+    return n - min(n - 1, max(1, int(round(HOLDOUT_FRACTION * n))))

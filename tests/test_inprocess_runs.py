@@ -23,10 +23,13 @@ def _run(cfg, node_configs=None, hook=None, run_id=1):
 
 
 def _dp_accounting_epsilon(history, delta):
-    """ε of a DP-SGD history with Google's dp_accounting (independent of Opacus)."""
+    """ε of a DP-SGD history under replace-one, with Google's dp_accounting PLD at a 10×
+    finer discretisation than the ledger's (independent of Opacus and of our RDP bound)."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import pld_privacy_accountant
     import dp_accounting
 
-    acct = dp_accounting.rdp.RdpAccountant()
+    acct = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
     for sigma, q, steps in history:
         event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
         acct.compose(dp_accounting.SelfComposedDpEvent(event, steps))
@@ -61,7 +64,7 @@ def test_client_epsilon_matches_independent_accountant(run_config_factory):
     for ctx in grid.contexts.values():
         ledger = PrivacyLedger.from_json(str(ctx.state[STATE_KEY]["json"]))
         independent = _dp_accounting_epsilon(ledger.history, ledger.delta)
-        assert ledger.spent() == pytest.approx(independent, rel=0.05)
+        assert independent <= ledger.spent() <= independent * 1.01  # an upper bound, and tight
         assert ledger.spent() <= ledger.epsilon_budget
 
 

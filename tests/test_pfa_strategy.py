@@ -16,7 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 
 from client.pfa_coordinates import encode_pfa_coordinates
 from strategies import keys
-from tests.fakes import BudgetGrid
+from tests.fakes import FAKE_MECHANISM, BudgetGrid
 from strategies.pfa import PFA, PFAConfig, PFAPlus, WeiAvg
 
 NAMES = ["fc.weight", "fc.bias", "conv.weight"]
@@ -48,7 +48,7 @@ def _record(arrays):
 
 def _reply(request: Message, arrays: list[np.ndarray], budget: float) -> Message:
     metrics = {keys.NUM_EXAMPLES: 100, keys.EPSILON_SPENT: budget / 2, keys.EPSILON_BUDGET: budget,
-               keys.DELTA: 1e-5, keys.NOISE_MULTIPLIER: 1.0, keys.SAMPLE_RATE: 0.1, keys.LOCAL_STEPS: 10}
+               keys.DELTA: 1e-5, **FAKE_MECHANISM}
     content = RecordDict({keys.ARRAYS: ArrayRecord([np.asarray(a) for a in arrays]),
                           keys.METRICS: MetricRecord(metrics),
                           keys.META: ConfigRecord({keys.CLIENT_ID: str(request.metadata.dst_node_id)})})
@@ -257,7 +257,7 @@ def _rounds(cfg):
         return [json.loads(line) for line in fh]
 
 
-E2E = dict(num_clients=5, num_server_rounds=3, max_examples_per_client=200, budget_distribution="mixgauss1",
+E2E = dict(num_clients=5, num_server_rounds=3, max_examples_per_client=400, budget_distribution="mixgauss1",
            min_train_clients=5, **{"pfa.public-fraction": 0.4})
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from privacy.accountants import epsilon_of
+from privacy.accountants import ADD_REMOVE, REPLACE_ONE, epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
@@ -32,18 +32,39 @@ def test_new_ledger_spends_nothing() -> None:
 
 
 def test_record_updates_history_and_rounds() -> None:
-    ledger = _ledger(5.0)
-    ledger.record(1.2, 0.05, 40, server_round=1, run_id=7)
-    ledger.record(1.2, 0.05, 40, server_round=2, run_id=7)
-    ledger.record(3.0, 1.0, 1, server_round=3, run_id=7)
+    ledger = _ledger(10.0)
+    ledger.record(1.2, 0.05, 40, server_round=1, run_id=7, mode="dpsgd")
+    ledger.record(1.2, 0.05, 40, server_round=2, run_id=7, mode="dpsgd")
+    ledger.record(3.0, 1.0, 1, server_round=3, run_id=7, mode="update")
     assert ledger.history == [(1.2, 0.05, 80), (3.0, 1.0, 1)]
     assert ledger.rounds == [1, 2, 3] and ledger.run_ids == [7, 7, 7]
+    assert ledger.modes == ["dpsgd", "dpsgd", "update"]
+    assert ledger.unit() == "record"  # a DP-SGD release protects one record only
     ledger.record(3.0, 1.0, 1, server_round=3, run_id=7)  # a second release in round 3
     ledger.record(3.0, 1.0, 1, server_round=1, run_id=8)  # round 1 of another run
     assert ledger.rounds_joined() == 4
     assert ledger.history == [(1.2, 0.05, 80), (3.0, 1.0, 3)]
     assert ledger.spent() == epsilon_of([(1.2, 0.05, 80), (3.0, 1.0, 3)], DELTA)
-    assert ledger.remaining() == pytest.approx(5.0 - ledger.spent())
+    assert ledger.remaining() == pytest.approx(10.0 - ledger.spent())
+
+
+def test_unit_is_client_only_when_every_release_was_client_level() -> None:
+    ledger = _ledger(10.0)
+    ledger.record(3.0, 1.0, 1, server_round=1, run_id=1, mode="update")
+    assert ledger.unit() == "client"
+    ledger.record(3.0, 0.05, 10, server_round=2, run_id=2, mode="dpsgd")
+    assert ledger.unit() == "record"  # composing with a record-level release: the weaker guarantee
+    assert PrivacyLedger.from_json(ledger.to_json()).unit() == "record"
+
+
+def test_a_version_1_ledger_loads_reaccounted_under_replace_one() -> None:
+    v1 = {"schema_version": 1, "kind": "privet-privacy-ledger", "epsilon_budget": 10.0, "delta": DELTA,
+          "accountant": "rdp", "history": [[3.0, 1.0, 2]], "rounds": [1, 2], "run_ids": [5, 5],
+          "epsilon_spent": 1.0}
+    ledger = PrivacyLedger.from_dict(v1)
+    assert ledger.modes == ["unknown", "unknown"] and ledger.unit() == "record"
+    assert ledger.spent() == epsilon_of([(3.0, 1.0, 2)], DELTA, "rdp", REPLACE_ONE)  # not the stored 1.0
+    assert json.loads(ledger.to_json())["schema_version"] == 2
 
 
 def test_never_exceeds_budget_random_sequences() -> None:
@@ -128,7 +149,7 @@ def test_constructor_validates(kwargs: dict[str, object], name: str) -> None:
 
 
 # --------------------------------------------------------------------------- persistence
-def _used_ledger(budget: float = 4.0) -> PrivacyLedger:
+def _used_ledger(budget: float = 8.0) -> PrivacyLedger:
     ledger = _ledger(budget)
     ledger.record(1.1, 0.03, 50, server_round=1, run_id=2**60)
     ledger.record(2.0, 1.0, 1, server_round=2, run_id=2**60)
@@ -139,7 +160,8 @@ def test_json_round_trip() -> None:
     ledger = _used_ledger()
     text = ledger.to_json()
     state = json.loads(text)
-    assert state["schema_version"] == 1 and state["epsilon_spent"] == pytest.approx(ledger.spent())
+    assert state["schema_version"] == 2 and state["epsilon_spent"] == pytest.approx(ledger.spent())
+    assert state["relation"] == "replace-one"
     restored = PrivacyLedger.from_json(text)
     assert restored == ledger
     assert restored.spent() == ledger.spent()
@@ -179,13 +201,13 @@ def test_failed_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_restart_continues_from_saved_spending(tmp_path: Path) -> None:
     path = tmp_path / "ledger.json"
-    first = PrivacyLedger.load_or_create(path, epsilon_budget=4.0, delta=DELTA)
+    first = PrivacyLedger.load_or_create(path, epsilon_budget=8.0, delta=DELTA)
     assert first.spent() == 0.0 and not path.exists()  # created in memory only
     first.record(1.5, 0.05, 100, server_round=1, run_id=1)
     first.save(path)
     spent = first.spent()
 
-    second = PrivacyLedger.load_or_create(path, epsilon_budget=4.0, delta=DELTA)  # new process
+    second = PrivacyLedger.load_or_create(path, epsilon_budget=8.0, delta=DELTA)  # new process
     assert second.spent() == spent and second.history == first.history
     second.record(1.5, 0.05, 100, server_round=1, run_id=2)
     assert second.spent() == epsilon_of([(1.5, 0.05, 200)], DELTA)
@@ -196,14 +218,14 @@ def test_load_or_create_takes_declared_budget_and_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "ledger.json"
-    _used_ledger(budget=4.0).save(path)
+    _used_ledger(budget=8.0).save(path)
     with caplog.at_level(logging.WARNING, logger="privacy.ledger"):
         ledger = PrivacyLedger.load_or_create(
             path, epsilon_budget=0.5, delta=1e-6, accountant="prv"
         )
     assert (ledger.epsilon_budget, ledger.delta, ledger.accountant) == (0.5, 1e-6, "prv")
     assert ledger.history == _used_ledger().history  # the data's history is never dropped
-    assert "epsilon_budget 4.0 -> 0.5" in caplog.text
+    assert "epsilon_budget 8.0 -> 0.5" in caplog.text
     assert "exceeds the declared budget" in caplog.text
     assert ledger.remaining() == 0.0
     assert ledger.would_exceed(10.0, 0.01, 1)
@@ -230,7 +252,7 @@ def test_malformed_json_text(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("schema_version", 2, "schema_version"),
+        ("schema_version", 3, "schema_version"),
         ("kind", "something-else", "kind"),
         ("epsilon_budget", -1.0, "epsilon_budget"),
         ("epsilon_budget", "3", "epsilon_budget"),

@@ -11,10 +11,12 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from strategies import keys
 from strategies.base import ClientAccount, PrivacyAwareFedAvg, weighted_mean
 from strategies.validation import DeclaredBudget, specs_of, validate_train_reply
+from tests.fakes import FAKE_MECHANISM
 
 
 def _reply(arrays, **metrics):
-    base = {keys.NUM_EXAMPLES: 10, keys.EPSILON_SPENT: 1.0, keys.EPSILON_BUDGET: 2.0, keys.DELTA: 1e-5}
+    base = {keys.NUM_EXAMPLES: 10, keys.EPSILON_SPENT: 1.0, keys.EPSILON_BUDGET: 2.0, keys.DELTA: 1e-5,
+            **FAKE_MECHANISM}
     base.update(metrics)
     return RecordDict({keys.ARRAYS: ArrayRecord(arrays), keys.METRICS: MetricRecord(base)})
 

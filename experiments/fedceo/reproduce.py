@@ -64,6 +64,8 @@ def run_config(model: str, method: str, sigma: float, seed: int, fedceo: dict[st
     if method.startswith("fedceo"):
         sets.update({"fedceo.lambda": float(fedceo["lambda"]), "fedceo.interval": int(fedceo["interval"]),
                      "fedceo.theta": 1.0 if method == "fedceo-theta1" else float(fedceo["theta"])})
+    if method in PERSONALIZED:  # judged on the clients' held-out data: an uncharged release they allow
+        sets["client-evaluation"] = "on"
     cfg = load_experiment(str(HERE / f"{model}.toml"), [], None)
     cfg.update({**sets, **overrides})  # --set wins
     return cfg
