@@ -60,14 +60,19 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
         log.info("round %d: test accuracy %.4f loss %.4f", server_round, accuracy, loss)
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
 
-    strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=cfg.num_server_rounds,
-        timeout=cfg.round_timeout,
-        train_config=train_config(cfg),
-        evaluate_fn=evaluate_fn,
-    )
+    try:
+        strategy.start(
+            grid=grid,
+            initial_arrays=initial,
+            num_rounds=cfg.num_server_rounds,
+            timeout=cfg.round_timeout,
+            train_config=train_config(cfg),
+            evaluate_fn=evaluate_fn,
+        )
+    except Exception as exc:  # the summary and privacy report are written whatever happened
+        log.exception("privet: the run failed; writing what the server knows to %s", out)
+        writer.finish(strategy, time.perf_counter() - started, status=f"failed: {type(exc).__name__}: {exc}")
+        raise
     summary = writer.finish(strategy, time.perf_counter() - started)
     log.info("privet: final accuracy %s; results in %s", summary["final_accuracy"], out)
     return summary

@@ -20,8 +20,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from privacy.accountants import REPLACE_ONE
 from server.config import RunConfig
-from strategies.base import PrivacyAwareFedAvg
+from strategies.base import ClientAccount, PrivacyAwareFedAvg
 
 
 def _finite(x: float) -> float | None:
@@ -50,8 +51,9 @@ class ResultsWriter:
         with open(self.out / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(_jsonable(line)) + "\n")
 
-    def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float) -> dict[str, Any]:
-        summary = build_summary(self.cfg, strategy, self.rounds, elapsed_seconds)
+    def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> dict[str, Any]:
+        """Write summary, privacy report and plot; ``status`` says how the run ended."""
+        summary = {**build_summary(self.cfg, strategy, self.rounds, elapsed_seconds), "status": status}
         _atomic_write(self.out / "summary.json", json.dumps(summary, indent=2))
         _atomic_write(self.out / "privacy_report.md", format_privacy_report(summary))
         plot_progress(self.rounds, self.out / "progress.png")
@@ -68,13 +70,35 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def _guarantee(mode: str, budget: float, noise_shares: int) -> str:
-    if mode == "none" or math.isinf(budget):
+def _guarantee(mode: str, account: ClientAccount, noise_shares: int) -> str:
+    """The exact statement one client's ε makes: unit, relation, against whom."""
+    if mode == "none" or math.isinf(account.epsilon_budget):
         return "none (non-private)"
-    if mode == "dpsgd":
-        return "sample-level (eps, delta)-DP of the client's data (DP-SGD, add/remove one example)"
-    local = "local" if noise_shares == 1 else f"per-upload, noise shared by m={noise_shares}"
-    return f"client-level (eps, delta)-DP of each upload ({local})"
+    unit = ("its whole dataset (client-level)" if account.guarantee_unit == "client"
+            else "any one of its records (record-level)")
+    how = {
+        "dpsgd": "DP-SGD with Poisson sampling",
+        "update": ("its clipped update with local Gaussian noise" if noise_shares == 1
+                   else f"its clipped update with a 1/{noise_shares} share of the Gaussian noise, "
+                        "charged per upload (no secure aggregation)"),
+    }.get(mode, mode)
+    against = ("anyone who sees what it sends (the server, other clients, observers of the model)"
+               if account.noise_source != "seeded"
+               else "no one who knows the run seed: its noise was seeded reproducibly (noise-source = seeded)")
+    return (f"(eps, delta)-DP of {unit} under replace-one (the dataset size is public), via {how}; "
+            f"holds against {against}")
+
+
+def _outside(account: ClientAccount) -> list[str]:
+    """What this client released that its ε does not cover."""
+    out = []
+    if account.client_evaluation:
+        out.append("evaluation loss/accuracy on its private data (its operator allowed evaluation)")
+    if account.train_metrics:
+        out.append("training loss, time and update norm (its operator enabled report-train-metrics)")
+    if account.noise_source == "seeded":
+        out.append("its noise: regenerable from the run seed")
+    return out
 
 
 def build_summary(
@@ -99,7 +123,11 @@ def build_summary(
             "rejections": [{"round": r, "reason": why} for r, why in a.rejections],
             "exhausted": a.exhausted,
             "within_budget": bool(a.epsilon_spent <= a.epsilon_budget * (1 + 1e-6)),
-            "guarantee": _guarantee(mode, a.epsilon_budget, cfg.noise_shares),
+            "relation": REPLACE_ONE,
+            "guarantee_unit": a.guarantee_unit,
+            "noise_source": a.noise_source,
+            "guarantee": _guarantee(mode, a, cfg.noise_shares),
+            "not_covered": _outside(a),
         })
     personal = [r for r in rounds if r.get("personalized_accuracy") is not None]
     return {
@@ -157,12 +185,26 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
     rejected = [(c["client_id"], r) for c in summary["clients"] for r in c["rejections"]]
     for cid, r in rejected:
         lines.append(f"- round {r['round']}: client {cid}: {r['reason']}")
-    if summary["clients"]:
-        lines += ["", f"Guarantee: {summary['clients'][0]['guarantee']}."]
+    guarantees: dict[str, list[str]] = {}
+    for c in summary["clients"]:
+        guarantees.setdefault(c["guarantee"], []).append(str(c["client_id"]))
+    if guarantees:
+        lines += ["", "## What each client's epsilon guarantees", ""]
+        for text, ids in guarantees.items():
+            lines.append(f"- clients {', '.join(ids)}: {text}.")
+    uncovered = [(c["client_id"], what) for c in summary["clients"] for what in c.get("not_covered", [])]
+    lines += ["", "## Not covered by any client's epsilon", ""]
+    lines += [f"- client {cid}: {what}" for cid, what in uncovered] or ["- nothing beyond what every reply carries:"]
     lines += [
+        "- every reply also carries the client's example count (public under replace-one), its budget, delta and",
+        "  spent epsilon, and the mechanism's sigma, q and step count: functions of public figures only;",
+        "- secure aggregation is not used: the server sees every upload, and each is charged on its own;",
+        "- floating-point attacks on the Gaussian sampler are not countered.",
         "",
-        "'spent eps' is the client's own ledger (cumulative over all runs it took part in);",
-        "'server check' is recomputed by the server from the mechanism parameters each reply reported.",
+        "'spent eps' is the client's own ledger (cumulative over all runs it took part in); 'server check' is",
+        "recomputed by the server from the mechanism each accepted reply reported, after checking what it can",
+        "derive itself (example count, the sigma it set, DP-SGD's q and steps); a reply whose claimed epsilon is",
+        "below that recomputation is rejected. The server cannot see the noise a client actually added.",
     ]
     return "\n".join(lines) + "\n"
 
