@@ -290,22 +290,29 @@ def _replace_one_rdp_curve(sigma: float, rate: float, orders: tuple[float, ...])
     return tuple(float(x) for x in np.minimum(triangle, full))
 
 
+@lru_cache(maxsize=1024)
+def _replace_one_pld(sigma: float, rate: float) -> Any:
+    """dp_accounting's PLD of one replace-one subsampled Gaussian step (immutable; composing
+    returns new objects), cached: building it costs most of an ε evaluation."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    return pld_lib.from_gaussian_mechanism(
+        sigma,
+        sampling_prob=rate,
+        neighboring_relation=NeighboringRelation.REPLACE_ONE,
+        value_discretization_interval=PLD_DISCRETIZATION,
+    )
+
+
 def _pld_epsilon(steps: tuple[Step, ...], delta: float, rdp_eps: float) -> float:
     """min(dp_accounting's replace-one PLD ε, the RDP bound)."""
     if not math.isfinite(rdp_eps) or rdp_eps > PRV_MAX_EPSILON:
         return rdp_eps
     try:
-        from dp_accounting import NeighboringRelation
-        from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
         composed = None
         for sigma, rate, count in steps:
-            pld = pld_lib.from_gaussian_mechanism(
-                sigma,
-                sampling_prob=rate,
-                neighboring_relation=NeighboringRelation.REPLACE_ONE,
-                value_discretization_interval=PLD_DISCRETIZATION,
-            ).self_compose(count)
+            pld = _replace_one_pld(sigma, rate).self_compose(count)
             composed = pld if composed is None else composed.compose(pld)
         if composed is None:
             return rdp_eps
