@@ -108,3 +108,13 @@ def test_a_deployed_node_without_a_ledger_path_is_warned(run_config_factory, cap
     with caplog.at_level(logging.WARNING, logger="privet.client"):
         load_ledger(profile, context, "prv")
     assert "starts again at zero" in caplog.text
+
+
+def test_the_charged_plan_is_what_trains_where_opacus_and_the_plan_used_to_differ():
+    """⌈n/B⌉ = 93 (n = 371, B = 4): Opacus' own loader stepped int(1/(1/93)) times; the
+    plan, the steps taken and the charge now agree by construction."""
+    model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    cfg = LocalTrainingConfig(epochs=1, batch_size=4, learning_rate=0.1, momentum=0.0, seed=1)
+    metrics, steps = train_dpsgd(model, _data(371), cfg, clip=1.0, noise_multiplier=1.0, noise=OSEntropyNoise(),
+                                 grad_sample_mode="hooks")
+    assert steps == [(1.0, 1 / 93, 93)] and metrics["local-steps"] == 93.0

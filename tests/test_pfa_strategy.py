@@ -257,8 +257,8 @@ def _rounds(cfg):
         return [json.loads(line) for line in fh]
 
 
-E2E = dict(num_clients=5, num_server_rounds=3, max_examples_per_client=400, budget_distribution="mixgauss1",
-           min_train_clients=5, **{"pfa.public-fraction": 0.4})
+E2E = dict(num_clients=5, num_server_rounds=3, max_examples_per_client=800, budget_distribution="mixgauss1",
+           min_train_clients=5, noise_source="seeded", **{"pfa.public-fraction": 0.4})
 
 
 @pytest.mark.parametrize("strategy", ["pfa", "pfa-plus"])
