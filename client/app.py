@@ -77,6 +77,7 @@ ERROR_BUDGET = 4002
 ERROR_INTERNAL = 4003
 ERROR_BUSY = 4004
 ERROR_REFUSED = 4005
+ERROR_STALE = 4006
 CALIBRATION_KEY = "privet.calibration"
 
 app = ClientApp()
@@ -85,6 +86,22 @@ app = ClientApp()
 def _error(msg: Message, code: int, reason: str) -> Message:
     log.warning("refusing %s: %s", msg.metadata.message_type, reason)
     return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+def _stale(msg: Message) -> str | None:
+    """Why a message must not be acted on: it outlived its time-to-live.
+
+    The server sets a train message's TTL to its round timeout, so a message past it
+    belongs to a round that is over (the node was stopped, its network stalled, or the run
+    ended): training it would spend budget on a reply nobody reads. Checked before
+    training and again just before charging the ledger (a process stopped mid-training).
+    Assumes the node's clock is within seconds of the SuperLink's.
+    """
+    age = time.time() - float(msg.metadata.created_at)
+    if age <= float(msg.metadata.ttl):
+        return None
+    return (f"{keys.STALE_MESSAGE}: message created {age:.0f}s ago, past its time-to-live of "
+            f"{float(msg.metadata.ttl):g}s; the round is over, nothing trained or charged")
 
 
 def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDataset, int]:
@@ -269,6 +286,7 @@ def query_budget(msg: Message, context: Context) -> Message:
         ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
         data, _ = _load_local_data(profile, context.run_config)
     except (ValueError, FileNotFoundError) as exc:
+        log.error("budget handshake refused (node %s): %s", context.node_config.get("client-id", context.node_id), exc)
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
     metrics = MetricRecord(
         {
@@ -299,6 +317,9 @@ def train(msg: Message, context: Context) -> Message:
             raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
     except (ValueError, KeyError) as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    stale = _stale(msg)
+    if stale:
+        return _error(msg, ERROR_STALE, stale)
     try:
         with ledger_lock(profile):
             return _train_with_ledger(msg, context, profile, cfg, mode)
@@ -361,6 +382,9 @@ def _train_with_ledger(
     except ValueError as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
 
+    stale = _stale(msg)
+    if stale:  # stopped or stalled mid-training: the model is discarded, never charged or sent
+        return _error(msg, ERROR_STALE, stale)
     before = ledger.spent()
     try:
         for sigma, rate, count in steps:

@@ -1,15 +1,18 @@
 """Who this client is and what privacy budget it holds.
 
 A budget belongs to the client, not to the server. In a deployment it comes from the
-SuperNode's ``--node-config`` (``epsilon=1.5 delta=1e-5``); in simulation, where Flower
-only sets ``partition-id``/``num-partitions``, it is drawn from the run config's named
-distribution, evaluated deterministically per partition id so that every process computes
-the same value without coordination.
+SuperNode's ``--node-config`` (``epsilon=1.5 delta=1e-5``) and from nowhere else: a
+deployed site that declares none takes part only in non-private runs and refuses every
+private one at the handshake, saying so. In simulation, where Flower only sets
+``partition-id``/``num-partitions`` and the experimenter operates every client, it is drawn
+from the run config's named distribution, evaluated deterministically per partition id so
+that every process computes the same value without coordination.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -141,6 +144,16 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     return float(all_budgets[partition_id])
 
 
+def deployed() -> bool:
+    """Whether this ClientApp runs under a SuperNode (a deployment), not in a simulation.
+
+    Flower 1.39 runs a deployed ClientApp in its own ``flwr-clientapp`` process (subprocess
+    or process isolation; Flower's own exit handling tests the same), while simulations run
+    it inside the simulation process or a Ray worker. The server cannot change this.
+    """
+    return sys.argv[0].endswith("flwr-clientapp")
+
+
 def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientProfile:
     """Build the client's profile from its node config and the run config.
 
@@ -158,6 +171,14 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientPr
     if NODE_EPSILON in node_config:
         epsilon = _node_float(node_config, NODE_EPSILON)
         source = "node-config"
+    elif deployed():
+        if str(run_config.get("budget-distribution", "")) != NO_BUDGET:
+            raise ValueError(
+                f"node-config declares no '{NODE_EPSILON}': a deployed site's privacy budget comes only from "
+                f"the site; start the SuperNode with --node-config \"... {NODE_EPSILON}=<eps> {NODE_DELTA}=<delta>\" "
+                f"(without one, this site takes part in non-private runs only)"
+            )
+        epsilon, source = math.inf, "none-declared"
     else:
         epsilon = simulated_budget(run_config, partition_id, num_partitions)
         source = "distribution"
@@ -211,7 +232,8 @@ def _node_float(node_config: UserConfig, key: str) -> float:
     try:
         return float(node_config[key])
     except (TypeError, ValueError):
-        raise ValueError(f"node-config '{key}' must be a number; found {node_config[key]!r}") from None
+        raise ValueError(f"node-config '{key}' must be a number (e.g. {key}=2.5); "
+                         f"found {node_config[key]!r}") from None
 
 
 def _node_flag(node_config: UserConfig, key: str) -> bool:

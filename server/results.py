@@ -53,7 +53,11 @@ class ResultsWriter:
 
     def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> dict[str, Any]:
         """Write summary, privacy report and plot; ``status`` says how the run ended."""
-        summary = {**build_summary(self.cfg, strategy, self.rounds, elapsed_seconds), "status": status}
+        summary = build_summary(self.cfg, strategy, self.rounds, elapsed_seconds)
+        if status == "completed" and summary["failed_rounds"]:
+            status = (f"incomplete: {len(summary['failed_rounds'])} of {summary['rounds']} rounds failed "
+                      f"(rounds {', '.join(str(f['round']) for f in summary['failed_rounds'])})")
+        summary["status"] = status
         _atomic_write(self.out / "summary.json", json.dumps(summary, indent=2))
         _atomic_write(self.out / "privacy_report.md", format_privacy_report(summary))
         plot_progress(self.rounds, self.out / "progress.png")
@@ -149,6 +153,9 @@ def build_summary(
         "noise_shares": cfg.noise_shares,
         "elapsed_seconds": elapsed,
         "dropped": sorted({c["client_id"] for c in clients if c["dropped_rounds"]}),
+        "failed_rounds": [{"round": r, "reason": why} for r, why in sorted(strategy.failed_rounds.items())],
+        "refused": [{"node_id": n, "client_id": r.client_id, "reason": r.reason}
+                    for n, r in sorted(strategy.refused.items())],
         "clients": clients,
     }
 
@@ -164,6 +171,7 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
         f"Dataset {summary['dataset']}, model {summary['model']}, "
         f"{summary['rounds_completed']}/{summary['rounds']} rounds, accountant {summary['accountant']}, "
         f"clip {summary['clip']}, noise multiplier {summary['noise_multiplier']}.",
+        f"Run status: {summary.get('status', 'completed')}.",
         f"Final test accuracy: {summary['final_accuracy']}"
         + (f"; clients' personal models: {summary['final_personalized_accuracy']}"
            if summary.get("final_personalized_accuracy") is not None else ""),
@@ -185,6 +193,12 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
     rejected = [(c["client_id"], r) for c in summary["clients"] for r in c["rejections"]]
     for cid, r in rejected:
         lines.append(f"- round {r['round']}: client {cid}: {r['reason']}")
+    if summary.get("refused"):
+        lines += ["", "## Sites refused at the handshake (never scheduled, no budget spent here)", ""]
+        lines += [f"- {r['client_id']} (node {r['node_id']}): {r['reason']}" for r in summary["refused"]]
+    if summary.get("failed_rounds"):
+        lines += ["", "## Failed rounds (no new global model; what clients spent in them is counted above)", ""]
+        lines += [f"- round {f['round']}: {f['reason']}" for f in summary["failed_rounds"]]
     guarantees: dict[str, list[str]] = {}
     for c in summary["clients"]:
         guarantees.setdefault(c["guarantee"], []).append(str(c["client_id"]))

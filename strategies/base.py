@@ -94,6 +94,14 @@ class ClientAccount:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A node refused at the handshake: who it said it was, and why."""
+
+    client_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class AcceptedReply:
     """A validated train reply, unpacked."""
 
@@ -154,7 +162,11 @@ class PrivacyAwareFedAvg(FedAvg):
         Seconds to wait for ``min_available_nodes`` before a round proceeds with those
         connected (Flower's ``sample_nodes`` waits forever).
     handshake_timeout : float
-        Seconds to wait for handshake replies.
+        Seconds to wait for handshake replies (the run config's ``round-timeout``). A node
+        that has not answered by then is listed as refused and not asked again this run.
+    message_ttl : float or None
+        Time-to-live of every train message (the run config's ``round-timeout``): a client
+        refuses a message older than this before spending anything (:mod:`client.app`).
 
     Other parameters: see ``flwr.serverapp.strategy.FedAvg``.
     """
@@ -171,6 +183,7 @@ class PrivacyAwareFedAvg(FedAvg):
         min_available_nodes: int = 2,
         availability_timeout: float = 300.0,
         handshake_timeout: float = 600.0,
+        message_ttl: float | None = None,
     ) -> None:
         if dp_mode not in keys.DP_MODES:
             raise ValueError(f"dp_mode must be one of {keys.DP_MODES}; found {dp_mode!r}")
@@ -191,6 +204,11 @@ class PrivacyAwareFedAvg(FedAvg):
         self.seed = seed
         self.availability_timeout = availability_timeout
         self.handshake_timeout = handshake_timeout
+        self.message_ttl = message_ttl
+        #: Nodes refused at the handshake (never scheduled, not asked again): node -> why.
+        self.refused: dict[int, Refusal] = {}
+        #: Rounds that produced no new global model: round -> why.
+        self.failed_rounds: dict[int, str] = {}
         self.accounts: dict[int, ClientAccount] = {}
         self.round_log: list[dict] = []
         self._global_specs: list[ArraySpec] = []
@@ -261,9 +279,28 @@ class PrivacyAwareFedAvg(FedAvg):
             log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_available_nodes)
             time.sleep(1.0)
 
+    def refuse_declaration(self, account: ClientAccount) -> str | None:
+        """Why this strategy cannot use a well-formed declaration (``None``: it can).
+
+        Strategies that weight or calibrate by declared budgets refuse the ones they cannot
+        use here, at the handshake, rather than failing mid-run.
+        """
+        return None
+
+    def _refuse(self, node: int, client_id: str, reason: str) -> None:
+        self.refused[node] = Refusal(client_id, reason)
+        log.warning("handshake: %s (node %d) refused: %s", client_id, node, reason)
+
     def handshake(self, grid: Grid, node_ids: Iterable[int]) -> None:
-        """Ask every node not seen before for its budget; register those that answer."""
-        new = [n for n in node_ids if n not in self.accounts]
+        """Ask every node not seen before for its budget; register those that answer.
+
+        A node is asked once per run. It is refused (listed in the summary and report with
+        the reason, never scheduled) when it answers with an error (e.g. a malformed
+        node config), declares a malformed or invalid budget, one this strategy cannot use
+        (:meth:`refuse_declaration`), a ``client-id`` another node already holds, or does
+        not answer within ``handshake_timeout``.
+        """
+        new = [n for n in node_ids if n not in self.accounts and n not in self.refused]
         if not new:
             return
         config = ConfigRecord({keys.ACCOUNTANT: self.accountant})
@@ -275,7 +312,7 @@ class PrivacyAwareFedAvg(FedAvg):
         for reply in grid.send_and_receive(messages, timeout=self.handshake_timeout):
             node = reply.metadata.src_node_id
             if reply.has_error():
-                log.warning("handshake: node %d answered with an error: %s", node, reply.error.reason)
+                self._refuse(node, f"node-{node}", reply.error.reason or f"error code {reply.error.code}")
                 continue
             try:
                 m = reply.content[keys.METRICS]
@@ -296,18 +333,28 @@ class PrivacyAwareFedAvg(FedAvg):
                     client_evaluation=str(meta.get(keys.CLIENT_EVALUATION, "off")) == "on",
                 )
             except (KeyError, TypeError, ValueError, OverflowError) as exc:
-                log.warning("handshake: node %d sent a malformed budget declaration (%s); ignored", node, exc)
+                self._refuse(node, f"node-{node}", f"malformed budget declaration ({exc})")
                 continue
             if not (account.epsilon_budget > 0 and 0 < account.delta < 1
                     and math.isfinite(account.epsilon_spent) and account.epsilon_spent >= 0):
-                log.warning("handshake: node %d declared an invalid budget (eps=%s, delta=%s); ignored",
-                            node, account.epsilon_budget, account.delta)
+                self._refuse(node, account.client_id, f"invalid budget declaration (eps={account.epsilon_budget}, "
+                             f"delta={account.delta}, spent={account.epsilon_spent})")
+                continue
+            holder = next((a for a in self.accounts.values() if a.client_id == account.client_id), None)
+            why = (f"client-id {account.client_id!r} is already held by node {holder.node_id}"
+                   if holder is not None else self.refuse_declaration(account))
+            if why:
+                self._refuse(node, account.client_id, why)
                 continue
             account.exhausted = is_spent(account.epsilon_spent, account.epsilon_budget)
             self.accounts[node] = account
             log.info("handshake: client %s (node %d) eps=%g delta=%g spent=%.4f n=%d",
                      account.client_id, node, account.epsilon_budget, account.delta,
                      account.epsilon_spent, account.num_examples)
+        for node in new:
+            if node not in self.accounts and node not in self.refused:
+                self._refuse(node, f"node-{node}",
+                             f"no answer to the budget handshake within {self.handshake_timeout:g}s")
 
     # -------------------------------------------------------------- sampling
     def eligible(self, node_ids: Iterable[int]) -> list[int]:
@@ -346,7 +393,7 @@ class PrivacyAwareFedAvg(FedAvg):
             bytes_down += sum(a.nbytes for a in node_arrays.to_numpy_ndarrays())
             messages.append(
                 Message(RecordDict({keys.ARRAYS: node_arrays, keys.CONFIG: node_cfg}),
-                        dst_node_id=node, message_type=MessageType.TRAIN)
+                        dst_node_id=node, message_type=MessageType.TRAIN, ttl=self.message_ttl)
             )
         self._bytes_down[server_round] = bytes_down
         return messages
@@ -448,8 +495,12 @@ class PrivacyAwareFedAvg(FedAvg):
         """Validate, aggregate with ``aggregate_models``, and report the round."""
         accepted = self.accept_replies(server_round, replies)
         entry = self.round_log[-1]
-        if not accepted:
-            log.warning("round %d: no usable reply; the global model is unchanged", server_round)
+        if len(accepted) < self.min_train_nodes:
+            why = (f"{len(accepted)} accepted replies, fewer than the minimum of {self.min_train_nodes} "
+                   f"(min-train-clients); the global model is unchanged")
+            self.failed_rounds[server_round] = why
+            entry["failed"] = why
+            log.error("round %d failed: %s", server_round, why)
             entry["aggregation_seconds"] = 0.0
             return None, MetricRecord({"num-accepted": 0, "num-rejected": len(entry["rejected"]),
                                        "num-dropped": len(entry["dropped"])})

@@ -20,6 +20,8 @@ smaller refuses, so this reference only runs where every client's budget *is* th
 
 from __future__ import annotations
 
+import math
+
 from flwr.app import ConfigRecord
 
 from strategies import keys
@@ -47,6 +49,12 @@ class _HomogeneousBudget(PrivacyAwareFedAvg):
 
     def target_epsilon(self) -> float:
         raise NotImplementedError
+
+    def refuse_declaration(self, account: ClientAccount) -> str | None:
+        if math.isfinite(account.epsilon_budget):
+            return None
+        return (f"declared eps={account.epsilon_budget}: {type(self).__name__} sets every client's budget "
+                f"from the declared ones, which must be finite")
 
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))

@@ -72,6 +72,9 @@ DP_MODES: Final = (DP_SGD, DP_UPDATE, DP_NONE)
 # --- error reasons a client sends (prefixes; the rest is a human message) ---------
 BUDGET_EXHAUSTED: Final = "budget-exhausted"
 EVALUATION_REFUSED: Final = "evaluation-refused"
+#: Error-reason prefix of a train message refused because it outlived its time-to-live
+#: (the round it belongs to is over): nothing was trained or charged.
+STALE_MESSAGE: Final = "stale-message"
 
 # --- PFA+ (appended) -------------------------------------------------------------
 # A train request to a private PFA+ client carries, besides "arrays" (the global model,

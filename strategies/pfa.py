@@ -108,7 +108,18 @@ def declared_epsilon(account: ClientAccount) -> float:
     return float(eps)
 
 
-class WeiAvg(PrivacyAwareFedAvg):
+class EpsilonWeighted(PrivacyAwareFedAvg):
+    """A strategy that weights clients by their declared ε: an infinite one is refused at
+    the handshake (it would take all the weight, and break the run mid-way)."""
+
+    def refuse_declaration(self, account: ClientAccount) -> str | None:
+        if math.isfinite(account.epsilon_budget):
+            return None
+        return (f"declared eps={account.epsilon_budget}: {type(self).__name__} weights clients by their "
+                f"declared eps, which must be finite (set node-config 'epsilon' to a number)")
+
+
+class WeiAvg(EpsilonWeighted):
     """WeiAvg (Alg. 1, §4.3): x ← Σ_{m∈S} W_S(ε_m) w_m, with W_S(ε_m) = ε_m / Σ_S ε.
 
     Averaging the uploaded models with weights that sum to one is the same as adding
@@ -121,7 +132,7 @@ class WeiAvg(PrivacyAwareFedAvg):
         return weighted_mean([r.arrays for r in replies], eps)
 
 
-class PFA(PrivacyAwareFedAvg):
+class PFA(EpsilonWeighted):
     """Projected Federated Averaging (Alg. 2 + Alg. 3), ε-weighted (the code's WeiPFA).
 
     Per layer: the ε-weighted mean of the private updates is projected onto the top-k
