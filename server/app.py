@@ -69,7 +69,8 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
             train_config=train_config(cfg),
             evaluate_fn=evaluate_fn,
         )
-    except Exception as exc:  # the summary and privacy report are written whatever happened
+    except BaseException as exc:  # whatever happened (also SystemExit when Flower stops the run),
+        # the summary and privacy report say what the server knows
         log.exception("privet: the run failed; writing what the server knows to %s", out)
         writer.finish(strategy, time.perf_counter() - started, status=f"failed: {type(exc).__name__}: {exc}")
         raise

@@ -77,6 +77,7 @@ class RunConfig(BaseModel):
     num_clients: int = Field(10, ge=1)
     fraction_train: float = Field(1.0, gt=0.0, le=1.0)
     min_train_clients: int = Field(2, ge=1)
+    min_accepted_clients: int = Field(1, ge=1)
     seed: int = 42
     dataset: str = "fashion-mnist"
     data_dir: str = ""

@@ -164,6 +164,9 @@ class PrivacyAwareFedAvg(FedAvg):
     handshake_timeout : float
         Seconds to wait for handshake replies (the run config's ``round-timeout``). A node
         that has not answered by then is listed as refused and not asked again this run.
+    min_accepted : int
+        A round with fewer accepted replies fails: no new global model, listed in
+        ``failed_rounds`` (the run config's ``min-accepted-clients``).
     message_ttl : float or None
         Time-to-live of every train message (the run config's ``round-timeout``): a client
         refuses a message older than this before spending anything (:mod:`client.app`).
@@ -184,6 +187,7 @@ class PrivacyAwareFedAvg(FedAvg):
         availability_timeout: float = 300.0,
         handshake_timeout: float = 600.0,
         message_ttl: float | None = None,
+        min_accepted: int = 1,
     ) -> None:
         if dp_mode not in keys.DP_MODES:
             raise ValueError(f"dp_mode must be one of {keys.DP_MODES}; found {dp_mode!r}")
@@ -205,6 +209,7 @@ class PrivacyAwareFedAvg(FedAvg):
         self.availability_timeout = availability_timeout
         self.handshake_timeout = handshake_timeout
         self.message_ttl = message_ttl
+        self.min_accepted = min_accepted
         #: Nodes refused at the handshake (never scheduled, not asked again): node -> why.
         self.refused: dict[int, Refusal] = {}
         #: Rounds that produced no new global model: round -> why.
@@ -495,14 +500,14 @@ class PrivacyAwareFedAvg(FedAvg):
         """Validate, aggregate with ``aggregate_models``, and report the round."""
         accepted = self.accept_replies(server_round, replies)
         entry = self.round_log[-1]
-        if len(accepted) < self.min_train_nodes:
-            why = (f"{len(accepted)} accepted replies, fewer than the minimum of {self.min_train_nodes} "
-                   f"(min-train-clients); the global model is unchanged")
+        if len(accepted) < self.min_accepted:
+            why = (f"{len(accepted)} accepted replies, fewer than the minimum of {self.min_accepted} "
+                   f"(min-accepted-clients); the global model is unchanged")
             self.failed_rounds[server_round] = why
             entry["failed"] = why
             log.error("round %d failed: %s", server_round, why)
             entry["aggregation_seconds"] = 0.0
-            return None, MetricRecord({"num-accepted": 0, "num-rejected": len(entry["rejected"]),
+            return None, MetricRecord({"num-accepted": len(accepted), "num-rejected": len(entry["rejected"]),
                                        "num-dropped": len(entry["dropped"])})
         start = time.perf_counter()
         aggregated = self.aggregate_models(server_round, accepted)

@@ -61,15 +61,17 @@ class LocalDeployment:
         self.procs[name] = proc
         return proc
 
-    def start_superlink(self) -> None:
-        self._spawn("superlink", [
+    def start_superlink(self, name: str = "superlink", database: Path | None = None) -> subprocess.Popen:
+        proc = self._spawn(name, [
             str(BIN / "flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
             "--fleet-api-address", f"127.0.0.1:{self.fleet_port}",
             "--control-api-address", f"127.0.0.1:{self.control_port}",
             "--host", "127.0.0.1", "--port", str(self.http_port),
+            *(["--database", str(database)] if database else []),
         ])
         self.wait_for_port(self.http_port)
         self.wait_for_port(self.fleet_port)
+        return proc
 
     def start_supernode(self, name: str, node_config: dict[str, Any]) -> subprocess.Popen:
         config = " ".join(f"{k}={json.dumps(v)}" for k, v in node_config.items())
@@ -103,6 +105,10 @@ class LocalDeployment:
 
     def run_app(self, run_config: dict[str, Any], timeout: float = 900.0) -> dict[str, Any]:
         """``flwr run`` the app against the SuperLink, wait, return the run's status entry."""
+        return self.wait_run(self.submit(run_config), timeout)
+
+    def submit(self, run_config: dict[str, Any]) -> int:
+        """``flwr run`` the app against the SuperLink; the run's id."""
         import tomli_w
 
         overrides = self.root / "run-config.toml"
@@ -112,7 +118,11 @@ class LocalDeployment:
         out = self.flwr("run", str(APP_DIR), "local-deploy", "--run-config", str(overrides),
                         "--format", "json")
         assert out.returncode == 0, out.stdout + out.stderr
-        run_id = int(json.loads(out.stdout)["run-id"])
+        return int(json.loads(out.stdout)["run-id"])
+
+    def wait_run(self, run_id: int, timeout: float = 900.0) -> dict[str, Any]:
+        """Poll ``flwr ls`` until the run finished; its status entry."""
+        status: dict[str, Any] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.run_status(run_id)

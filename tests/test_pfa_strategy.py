@@ -234,12 +234,14 @@ def test_coordinate_encoder_projects_the_update_and_names_a_missing_basis():
         encode_upload(request, g, w)
 
 
-def test_infinite_budgets_are_refused_with_a_clear_message():
+def test_infinite_budgets_are_refused_at_the_handshake_with_a_clear_message():
     rng = np.random.default_rng(5)
     g = _model(rng)
     budgets = {100: float("inf"), 101: 1.0}
-    with pytest.raises(ValueError, match="finite budget"):
-        _round(PFA(min_train_nodes=1, min_available_nodes=1), 1, g, budgets, _trained(rng, g, budgets))
+    strategy = PFA(min_train_nodes=1, min_available_nodes=1)
+    messages, _ = _round(strategy, 1, g, budgets, _trained(rng, g, budgets))
+    assert [m.metadata.dst_node_id for m in messages] == [101], "the infinite budget is never scheduled"
+    assert "must be finite" in strategy.refused[100].reason
 
 
 # ------------------------------------------------------------------ end to end

@@ -100,7 +100,7 @@ def test_budget_weighted_strategies_refuse_an_infinite_budget_at_the_handshake(r
 
 
 def test_a_round_below_its_minimum_fails_visibly(run_config_factory, tmp_path):
-    cfg = run_config_factory(num_server_rounds=2, min_train_clients=2, budget_distribution="constant",
+    cfg = run_config_factory(num_server_rounds=2, min_accepted_clients=2, budget_distribution="constant",
                              epsilon=50.0, noise_multiplier=1.0)
 
     def only_one_replies_in_round_2(node, request, reply):  # noqa: ANN001
