@@ -292,8 +292,11 @@ def _replace_one_rdp_curve(sigma: float, rate: float, orders: tuple[float, ...])
 
 @lru_cache(maxsize=1024)
 def _replace_one_pld(sigma: float, rate: float) -> Any:
-    """dp_accounting's PLD of one replace-one subsampled Gaussian step (immutable; composing
-    returns new objects), cached: building it costs most of an ε evaluation."""
+    """Build dp_accounting's PLD of one replace-one subsampled Gaussian step.
+
+    The PLD is immutable (composing returns new objects), so it is cached: building it costs
+    most of an ε evaluation.
+    """
     from dp_accounting import NeighboringRelation
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 

@@ -150,13 +150,16 @@ class PrivacyLedger:
         return max(0.0, self.epsilon_budget - self.spent())
 
     def unit(self) -> str:
-        """What the cumulative ε protects: ``"client"`` if every release was client-level,
-        else ``"record"`` (the weaker guarantee that all releases share)."""
+        """What the cumulative ε protects.
+
+        ``"client"`` if every release was client-level, else ``"record"`` (the weaker
+        guarantee that all releases share).
+        """
         return UNIT_CLIENT if self.modes and all(m in CLIENT_LEVEL_MODES for m in self.modes) else UNIT_RECORD
 
     def rounds_joined(self) -> int:
         """Number of distinct (run, server round) pairs in which something was recorded."""
-        return len(set(zip(self.run_ids, self.rounds)))
+        return len(set(zip(self.run_ids, self.rounds, strict=True)))
 
     def would_exceed(self, noise_multiplier: float, sample_rate: float, steps: int) -> bool:
         """Whether recording ``(σ, q, steps)`` would take cumulative ε past the budget.

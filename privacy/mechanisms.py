@@ -21,7 +21,7 @@ Nothing here draws from numpy's global random state: noise takes an explicit sou
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -143,6 +143,7 @@ def gaussian_noise_like(
     """
     std = check_nonnegative_finite("std", std)
     arrays = _check_arrays(arrays, name="arrays")
+    draw: Callable[[tuple[int, ...]], np.ndarray]
     if isinstance(rng, np.random.Generator):
         draw = lambda shape: rng.standard_normal(shape) * std  # noqa: E731
     elif isinstance(rng, NoiseSource):
@@ -195,7 +196,7 @@ def privatize_update(
     clipped, norm = clip_update(update, bound)
     std = sigma * bound / math.sqrt(shares)
     noise = gaussian_noise_like(clipped, std, rng)
-    noisy = [(c + n).astype(c.dtype) for c, n in zip(clipped, noise)]
+    noisy = [(c + n).astype(c.dtype) for c, n in zip(clipped, noise, strict=True)]
     diagnostics = {
         UPDATE_NORM: norm,
         CLIPPED: 1.0 if norm > bound else 0.0,

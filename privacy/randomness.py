@@ -89,8 +89,11 @@ class SecureNoise:
         return (self._words(int(size)) >> np.uint64(11)).astype(np.float64) * _INV_2_53
 
     def normal(self, shape: tuple[int, ...], std: float) -> np.ndarray:
-        """Box–Muller: for U₁ in (0, 1], U₂ in [0, 1), √(−2 ln U₁)·(cos, sin)(2πU₂) are
-        two independent N(0, 1) draws."""
+        """Draw N(0, std²) entries by Box–Muller.
+
+        For U₁ in (0, 1] and U₂ in [0, 1), √(−2 ln U₁)·(cos, sin)(2πU₂) are two independent
+        N(0, 1) draws.
+        """
         count = int(np.prod(shape, dtype=np.int64))
         pairs = (count + 1) // 2
         u = self.uniform(2 * pairs)
