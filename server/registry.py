@@ -52,6 +52,7 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
         min_train_nodes=min_train,
         min_available_nodes=max(min_train, 1),
         min_accepted=min(cfg.min_accepted_clients, cfg.num_clients),
+        max_examples=cfg.max_examples_per_client,
         handshake_timeout=cfg.round_timeout,
         message_ttl=cfg.round_timeout,
         **STRATEGY_PARAMS.get(cfg.strategy, lambda _: {})(cfg),

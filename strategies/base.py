@@ -164,6 +164,10 @@ class PrivacyAwareFedAvg(FedAvg):
     handshake_timeout : float
         Seconds to wait for handshake replies (the run config's ``round-timeout``). A node
         that has not answered by then is listed as refused and not asked again this run.
+    max_examples : int
+        The run's ``max-examples-per-client`` (0: none). An honest client never trains on or
+        declares more, so a larger declared example count (which would make FedAvg's weight
+        that site's alone) is refused at the handshake.
     min_accepted : int
         A round with fewer accepted replies fails: no new global model, listed in
         ``failed_rounds`` (the run config's ``min-accepted-clients``).
@@ -188,6 +192,7 @@ class PrivacyAwareFedAvg(FedAvg):
         handshake_timeout: float = 600.0,
         message_ttl: float | None = None,
         min_accepted: int = 1,
+        max_examples: int = 0,
     ) -> None:
         if dp_mode not in keys.DP_MODES:
             raise ValueError(f"dp_mode must be one of {keys.DP_MODES}; found {dp_mode!r}")
@@ -210,6 +215,7 @@ class PrivacyAwareFedAvg(FedAvg):
         self.handshake_timeout = handshake_timeout
         self.message_ttl = message_ttl
         self.min_accepted = min_accepted
+        self.max_examples = max_examples
         #: Nodes refused at the handshake (never scheduled, not asked again): node -> why.
         self.refused: dict[int, Refusal] = {}
         #: Rounds that produced no new global model: round -> why.
@@ -346,8 +352,13 @@ class PrivacyAwareFedAvg(FedAvg):
                              f"delta={account.delta}, spent={account.epsilon_spent})")
                 continue
             holder = next((a for a in self.accounts.values() if a.client_id == account.client_id), None)
-            why = (f"client-id {account.client_id!r} is already held by node {holder.node_id}"
-                   if holder is not None else self.refuse_declaration(account))
+            if holder is not None:
+                why: str | None = f"client-id {account.client_id!r} is already held by node {holder.node_id}"
+            elif self.max_examples and account.num_examples > self.max_examples:
+                why = (f"declares {account.num_examples} examples, more than the run's max-examples-per-client "
+                       f"({self.max_examples}) that an honest client trains on")
+            else:
+                why = self.refuse_declaration(account)
             if why:
                 self._refuse(node, account.client_id, why)
                 continue

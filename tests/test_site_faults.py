@@ -72,6 +72,27 @@ def test_bad_declarations_are_refused_once_named_and_reported(run_config_factory
     assert summary["status"] == "completed"
 
 
+def test_an_example_count_above_the_runs_cap_is_refused(run_config_factory):
+    """A site claiming more examples than the run lets anyone train on would own FedAvg's weight."""
+    cfg = run_config_factory(num_server_rounds=1, budget_distribution="constant", epsilon=50.0,
+                             noise_multiplier=1.0, max_examples_per_client=200)
+
+    def inflate(node, request, reply):  # noqa: ANN001
+        if request.metadata.message_type.endswith(keys.QUERY_BUDGET) and node == FIRST_NODE_ID:
+            from flwr.app import MetricRecord
+
+            metrics = dict(reply.content[keys.METRICS])
+            metrics[keys.NUM_EXAMPLES] = 10**9
+            return Message(RecordDict({keys.METRICS: MetricRecord(metrics), keys.META: reply.content[keys.META]}),
+                           reply_to=request)
+        return reply
+
+    summary, _ = _run(cfg, simulation_node_configs(3), hook=inflate)
+    assert [r["node_id"] for r in summary["refused"]] == [FIRST_NODE_ID]
+    assert "more than the run's max-examples-per-client (200)" in summary["refused"][0]["reason"]
+    assert all(c["num_examples"] == 200 and c["rounds_joined"] == [1] for c in summary["clients"])
+
+
 def test_a_deployed_site_without_a_budget_refuses_private_runs(run_config_factory, monkeypatch):
     cfg = run_config_factory(budget_distribution="uniform")
     node = {"partition-id": 0, "num-partitions": 3, "client-id": "site-0"}
