@@ -377,12 +377,13 @@ class PrivacyAwareFedAvg(FedAvg):
         """Connected, registered clients whose budget is not spent."""
         return [n for n in node_ids if n in self.accounts and not self.accounts[n].exhausted]
 
-    def sample(self, server_round: int, eligible: list[int]) -> list[int]:
-        """Sample ``max(min_train_nodes, ⌊fraction·|eligible|⌋)`` clients, seeded per round."""
+    def sample(self, server_round: int, eligible: list[int], attempt: int = 0) -> list[int]:
+        """Sample ``max(min_train_nodes, ⌊fraction·|eligible|⌋)`` clients, seeded per round
+        (and per ``attempt``, for strategies that redraw a sample)."""
         if not eligible:
             return []
         size = min(len(eligible), max(self.min_train_nodes, int(self.fraction_train * len(eligible))))
-        return seeded_sample(eligible, size, [self.seed, server_round])
+        return seeded_sample(eligible, size, [self.seed, server_round] + ([attempt] if attempt else []))
 
     # -------------------------------------------------------- configure_train
     def configure_train(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterable
+from typing import Any, Final, Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
@@ -59,6 +59,11 @@ DIAG_COORDINATE_UPLOADS = "pfa-coordinate-uploads"
 _CHOICES = {"split": SPLIT_METHODS, "subspace_method": SUBSPACE_METHODS, "no_public": NO_PUBLIC_POLICIES}
 
 
+#: Redraws of a round's sample under ``no-public = "redraw"`` before giving up (the chance
+#: that every one misses the public clients is negligible whenever one is eligible).
+MAX_REDRAWS: Final = 1000
+
+
 class PFAConfig(BaseModel):
     """The run config's ``pfa.*`` section (``[tool.flwr.app.config.pfa]``).
 
@@ -78,8 +83,10 @@ class PFAConfig(BaseModel):
     subspace_method : str
         ``subspace-method``: ``"exact"`` thin SVD or ``"randomized"`` range finder.
     no_public : str
-        ``no-public``: a round without a public reply falls back to ``"weiavg"``, or
-        stops the run (``"error"``). The authors' code redraws the sample instead.
+        ``no-public``: a round without a public reply falls back to ``"weiavg"``
+        (default), or the sample is redrawn until it holds a public client (``"redraw"``,
+        the authors' code; a round whose public clients then fail to reply still falls
+        back to WeiAvg), or the run stops (``"error"``).
     """
 
     model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
@@ -179,6 +186,22 @@ class PFA(EpsilonWeighted):
                      sorted(self.accounts[n].client_id for n in self._public), len(nodes),
                      self.params.split)
         return self._public
+
+    def sample(self, server_round: int, eligible: list[int], attempt: int = 0) -> list[int]:
+        """The base sample; under ``no-public = "redraw"``, redrawn (seeded per attempt)
+        until it holds a public client, as the authors' code does."""
+        chosen = super().sample(server_round, eligible, attempt)
+        public = self.public_nodes() & frozenset(eligible)
+        if self.params.no_public != "redraw" or not chosen or not public:
+            return chosen
+        for retry in range(1, MAX_REDRAWS + 1):
+            if public & frozenset(chosen):
+                if retry > 1:
+                    log.info("%s round %d: sample redrawn %d times for a public client", type(self).__name__,
+                             server_round, retry - 1)
+                return chosen
+            chosen = super().sample(server_round, eligible, attempt + retry)
+        return chosen
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -62,7 +62,7 @@ _LOG = logging.getLogger(__name__)
 
 SPLIT_METHODS: Final = ("top-fraction", "two-cluster")
 SUBSPACE_METHODS: Final = ("exact", "randomized", "random")
-NO_PUBLIC_POLICIES: Final = ("weiavg", "error")
+NO_PUBLIC_POLICIES: Final = ("weiavg", "redraw", "error")
 
 # Diagnostic keys (kebab-case, like the wire keys in ``strategies/keys.py``).
 DIAG_NUM_PUBLIC: Final = "pfa-num-public"

@@ -316,3 +316,23 @@ def test_pfa_plus_rejects_malformed_coordinate_replies(run_config_factory):
     assert len(others) == 3 and all(c["rounds_joined"] == [1, 2] for c in others)
     last = _rounds(cfg)[-1]
     assert len(last["rejected"]) == 2 and last["pfa-num-public"] == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_redraw_gives_every_round_a_public_client_where_weiavg_would_not(seed):
+    """``no-public = "redraw"`` (the authors' behaviour): every sample holds a public client;
+    the same seed without redraw has rounds with none (so the test can fail)."""
+    budgets = {100 + i: (10.0 if i < 2 else 1.0 + 0.1 * i) for i in range(20)}  # 2 public of 20
+    samples = {}
+    for policy in ("redraw", "weiavg"):
+        strategy = PFA(params=PFAConfig(no_public=policy), fraction_train=0.2, min_train_nodes=1,
+                       min_available_nodes=1, seed=seed)
+        strategy.handshake(BudgetGrid(budgets), list(budgets))
+        public = strategy.public_nodes()
+        assert public == {100, 101}
+        samples[policy] = [strategy.sample(r, sorted(budgets)) for r in range(1, 41)]
+        assert all(len(s) == 4 for s in samples[policy])
+    assert all(public & set(s) for s in samples["redraw"])
+    assert any(not public & set(s) for s in samples["weiavg"])
+    # a round that already had a public client is not redrawn
+    assert all(r == w for r, w in zip(samples["redraw"], samples["weiavg"], strict=True) if public & set(w))
