@@ -31,7 +31,7 @@ from contextlib import contextmanager
 #: ANSI escape sequences (colours, cursor moves).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 #: "(ClientAppActor pid=7535) " that Ray puts before a worker's lines.
-RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s*")
+RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?")
 #: "11/24/2026 21:27:25:INFO:" of Flower's log-stream copy of a line.
 STAMP_PREFIX = re.compile(r"^\d\d/\d\d/\d{4} \d\d:\d\d:\d\d:(DEBUG|INFO|WARNING|ERROR|CRITICAL):")
 #: "INFO :      " of Flower's console format.
@@ -43,6 +43,8 @@ NOISE = (
     re.compile(r"Since flwr 1\.32, default simulated SuperNodes changed"),
     re.compile(r"To change federation size, use the following command"),
     re.compile(r"flwr federation simulation-config .*--num-supernodes"),
+    # privet evaluates the global model on the server: Flower's federated evaluation is off on purpose
+    re.compile(r"fraction_evaluate is set to 0\.0\. Federated evaluation will be skipped"),
 )
 
 ROUND_START = re.compile(r"round (\d+): sampled clients \[(.*?)\]")
@@ -178,7 +180,8 @@ class RunConsole:
                 return
             self.rounds_done = r
             self.clients_done = self.clients_total
-            eps = f", max eps spent {self.max_epsilon:.3f}" if self.max_epsilon is not None else ""
+            eps = (f", max eps spent {self.max_epsilon:.3f}"
+                   if self.max_epsilon is not None and self.max_epsilon < float("inf") else "")
             self.status(f"round {r}/{self.total_rounds}: test accuracy {self.accuracy:.4f}{eps}")
             self._update(None)
 

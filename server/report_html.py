@@ -260,7 +260,7 @@ def render(summary: dict[str, Any], rounds: list[dict[str, Any]], config: dict[s
         budget, spent = c.get("epsilon_budget"), c.get("epsilon_spent")
         remaining = (max(budget - (spent or 0.0), 0.0) if budget is not None else None)
         cells = [
-            _e(c["client_id"]), _num(budget), _num(spent) if budget is not None else "-",
+            _e(c["client_id"]), _num(budget) if private else "none", _num(spent) if budget is not None else "-",
             _num(remaining) if budget is not None else "-",
             _num(c.get("epsilon_spent_before_run")) if budget is not None else "-",
             _num(c.get("epsilon_server_recomputed_this_run")) if budget is not None else "-",
