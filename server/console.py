@@ -124,7 +124,7 @@ class RunConsole:
                                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
                                       transient=False)
             self._progress.start()
-            self._round_task = self._progress.add_task("rounds", total=self.total_rounds)
+            self._round_task = self._progress.add_task("starting (data, model, clients)", total=self.total_rounds)
             self._client_task = self._progress.add_task("clients", total=None, visible=False)
         return self
 
@@ -186,10 +186,9 @@ class RunConsole:
             self._update(None)
 
     def status(self, text: str) -> None:
-        """A progress line: printed as text where there is no live display, else the bar's label."""
-        if self._progress is None:
-            self.print(text)
-        else:
+        """A progress line: printed (above the live display, if any), and the rounds bar's label."""
+        self.print(text)
+        if self._progress is not None:
             self._progress.update(self._round_task, description=text)
 
     def _update(self, client_label: str | None) -> None:
