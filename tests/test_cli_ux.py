@@ -187,3 +187,15 @@ def test_inprocess_logs_reach_the_console_once():
         logging.getLogger("privet.server").warning("round 1: client 3 dropped out (no reply)")
     assert log.getvalue().splitlines() == ["INFO: [ROUND 1/1]", "WARNING: round 1: client 3 dropped out (no reply)"]
     assert console.shown == ["WARNING: round 1: client 3 dropped out (no reply)"]
+
+
+# ------------------------------------------------------------------ heartbeat
+def test_a_lost_heartbeat_after_a_completed_run_is_not_a_failure(tmp_path):
+    status = {"status": "finished:failed", "details": "No heartbeat received from the task"}
+    assert not cli.lost_heartbeat_but_completed(status, tmp_path)  # no summary: nothing finished
+    (tmp_path / "summary.json").write_text('{"status": "failed: RuntimeError: boom"}')
+    assert not cli.lost_heartbeat_but_completed(status, tmp_path)
+    (tmp_path / "summary.json").write_text('{"status": "completed"}')
+    assert cli.lost_heartbeat_but_completed(status, tmp_path)
+    other = {"status": "finished:failed", "details": "Simulation failed with exception: x"}
+    assert not cli.lost_heartbeat_but_completed(other, tmp_path)
