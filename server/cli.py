@@ -200,6 +200,47 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
     return pids
 
 
+def simulation_pids(flwr_home: Path) -> list[int]:
+    """Pids of the ``flwr-simulation`` processes running with this ``FLWR_HOME`` (read from
+    their environment: only processes this run started carry it)."""
+    marker = f"FLWR_HOME={flwr_home}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"flwr-simulation" not in (proc / "cmdline").read_bytes():
+                continue
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_for_simulation(flwr_home: Path, timeout: float) -> bool:
+    """Wait until this run's ``flwr-simulation`` has exited; True if it did within ``timeout``.
+
+    When Flower marks a run failed for a lost heartbeat, its log stream ends but the
+    simulation process goes on to the end of the run (and writes every result).
+    """
+    deadline = time.monotonic() + timeout
+    while simulation_pids(flwr_home):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def stop_simulation(flwr_home: Path) -> None:
+    """SIGTERM what is left of this run's ``flwr-simulation`` (never anyone else's)."""
+    for pid in simulation_pids(flwr_home):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+
+
 def stop_local_superlink(flwr_home: Path) -> None:
     for pid in local_superlink_pids(flwr_home):
         try:
@@ -256,7 +297,15 @@ def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_
                 for line in proc.stdout:
                     console.feed(line)
         status = run_status(flwr_home, env)
+        if "heartbeat" in json.dumps(status).lower() and simulation_pids(flwr_home):
+            print("privet: Flower lost the simulation's heartbeat (an overloaded machine?) but the "
+                  "simulation is still running: waiting for it to finish", file=sys.stderr, flush=True)
+            budget = float(run_config.get("round-timeout", 3600.0)) * int(run_config.get("num-server-rounds", 1))
+            wait_for_simulation(flwr_home, budget)
+        else:
+            wait_for_simulation(flwr_home, 30.0)
     finally:
+        stop_simulation(flwr_home)
         stop_local_superlink(flwr_home)
         if not keep_home:
             shutil.rmtree(flwr_home, ignore_errors=True)
@@ -324,6 +373,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("privet: warning: Flower marked the run failed for a missed heartbeat (an overloaded "
                   "machine), but the ServerApp finished and wrote every result; see README, "
                   "'Heartbeats on a loaded machine'", file=sys.stderr)
+        elif "heartbeat" in json.dumps(status).lower():
+            raise CliError(f"Flower stopped the run: its simulation process sent no heartbeat for 60 s (an "
+                           f"overloaded machine; see README, 'Heartbeats on a loaded machine'). Status: "
+                           f"{json.dumps(status)}; full log: {kept_log}")
         else:
             raise CliError(f"the run did not complete: {json.dumps(status)}; full log: {kept_log}")
     report = out / "privacy_report.md"
