@@ -197,5 +197,5 @@ def format_validation_error(exc: ValidationError) -> str:
             msg = f"unknown key; allowed keys: {allowed}"
         elif "input" in err and err["type"] not in ("value_error",):
             msg = f"{msg} (found {err['input']!r})"
-        lines.append(f"invalid run config: '{key}': {msg}")
+        lines.append(f"invalid run config: '{key}': {msg}" if err["loc"] else f"invalid run config: {msg}")
     return "\n".join(lines)

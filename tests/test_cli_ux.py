@@ -199,3 +199,20 @@ def test_a_lost_heartbeat_after_a_completed_run_is_not_a_failure(tmp_path):
     assert cli.lost_heartbeat_but_completed(status, tmp_path)
     other = {"status": "finished:failed", "details": "Simulation failed with exception: x"}
     assert not cli.lost_heartbeat_but_completed(other, tmp_path)
+
+
+def test_flower_lines_are_not_printed_twice_through_opacus_root_handler():
+    import sys
+
+    from strategies.log import OPACUS_ROOT_FORMAT, route_privet_logs_to_flower
+
+    root = logging.getLogger()
+    planted = logging.StreamHandler(sys.stderr)  # what opacus' logging.basicConfig adds at import
+    planted.setFormatter(logging.Formatter(OPACUS_ROOT_FORMAT))
+    root.addHandler(planted)
+    try:
+        route_privet_logs_to_flower()
+        assert planted not in root.handlers
+    finally:
+        if planted in root.handlers:
+            root.removeHandler(planted)
