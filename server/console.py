@@ -22,11 +22,14 @@ import collections
 import logging
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Iterator
+from typing import IO, TYPE_CHECKING, Self
 
-from contextlib import contextmanager
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 #: ANSI escape sequences (colours, cursor moves).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -111,14 +114,21 @@ class RunConsole:
         self.accuracy: float | None = None
         self.max_epsilon: float | None = None
         self.shown: list[str] = []  # what reached the console (for tests)
-        self._progress = None
-        self._round_task = self._client_task = None
+        self._progress: Progress | None = None
+        self._round_task: TaskID | None = None
+        self._client_task: TaskID | None = None
 
     # ----------------------------------------------------------------- lifecycle
-    def __enter__(self) -> "RunConsole":
+    def __enter__(self) -> Self:
         if self.interactive:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                                       TextColumn, TimeElapsedColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
@@ -188,17 +198,15 @@ class RunConsole:
     def status(self, text: str) -> None:
         """A progress line: printed (above the live display, if any), and the rounds bar's label."""
         self.print(text)
-        if self._progress is not None:
+        if self._progress is not None and self._round_task is not None:
             self._progress.update(self._round_task, description=text)
 
     def _update(self, client_label: str | None) -> None:
-        if self._progress is None:
+        if self._progress is None or self._round_task is None or self._client_task is None:
             return
         self._progress.update(self._round_task, completed=self.rounds_done)
-        kwargs = {"completed": self.clients_done, "total": self.clients_total or None, "visible": True}
-        if client_label:
-            kwargs["description"] = client_label
-        self._progress.update(self._client_task, **kwargs)
+        self._progress.update(self._client_task, completed=self.clients_done, total=self.clients_total or None,
+                              visible=True, description=client_label)
 
 
 class ConsoleHandler(logging.Handler):
@@ -208,7 +216,7 @@ class ConsoleHandler(logging.Handler):
         super().__init__()
         self.run_console = console
 
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D102
+    def emit(self, record: logging.LogRecord) -> None:
         try:
             for line in self.format(record).splitlines() or [""]:
                 self.run_console.feed(f"{record.levelname}: {line}")

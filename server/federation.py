@@ -15,7 +15,7 @@ the strategies wait for ``min-train-clients`` of them.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from flwr.serverapp import Grid
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -106,14 +107,14 @@ def line_chart(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, x
     def py(y: float) -> float:
         return height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img">']
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img">')]
     for t in yt:
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#e4e7ee"/>'
                    f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
     step = max(1, math.ceil((x1 - x0) / 10))
-    for x in range(math.ceil(x0), math.floor(x1) + 1, step):
-        out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x}</text>')
+    for k in range(math.ceil(x0), math.floor(x1) + 1, step):
+        out.append(f'<text x="{px(k):.1f}" y="{height - bottom + 16}" text-anchor="middle">{k}</text>')
     out.append(f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}" stroke="#889"/>'
                f'<line x1="{left}" x2="{left}" y1="{top}" y2="{height - bottom}" stroke="#889"/>')
     out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">{_e(x_label)}</text>'
@@ -143,8 +144,8 @@ def budget_bars(clients: Sequence[dict[str, Any]], width: int = 500) -> str:
     height = top + len(rows) * (bar_h + gap) + 24
     scale = max(c["epsilon_budget"] for c in rows)
     inner = width - left - right
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img">']
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img">')]
     for i, c in enumerate(rows):
         y = top + i * (bar_h + gap)
         budget, spent = c["epsilon_budget"], min(c.get("epsilon_spent") or 0.0, c["epsilon_budget"])
@@ -235,10 +236,10 @@ def render(summary: dict[str, Any], rounds: list[dict[str, Any]], config: dict[s
         f"<title>privet report: {_e(summary['strategy'])}{(' - ' + _e(title)) if title else ''}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>privet run: {_e(summary['strategy'])} ({_e(summary.get('dp_mode'))})</h1>",
-        f'<div class="sub">{_e(summary.get("dataset"))}, model {_e(summary.get("model"))}, '
-        f"accountant {_e(summary.get('accountant'))}, clip {_e(summary.get('clip'))}, noise {_noise(summary)}; "
-        f"status: {_e(summary.get('status', 'completed'))}; {summary.get('elapsed_seconds', 0):.0f} s"
-        f"{(' - ' + _e(title)) if title else ''}</div>",
+        (f'<div class="sub">{_e(summary.get("dataset"))}, model {_e(summary.get("model"))}, '
+         f"accountant {_e(summary.get('accountant'))}, clip {_e(summary.get('clip'))}, noise {_noise(summary)}; "
+         f"status: {_e(summary.get('status', 'completed'))}; {summary.get('elapsed_seconds', 0):.0f} s"
+         f"{(' - ' + _e(title)) if title else ''}</div>"),
         '<div class="cards">' + "".join(f'<div class="card">{_e(k)}<b>{v}</b></div>' for k, v in cards) + "</div>",
     ]
     if not private:

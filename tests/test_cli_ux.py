@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import logging
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -161,10 +160,12 @@ def feed_stream(verbose: bool) -> tuple[RunConsole, str]:
 
 
 def test_console_is_quiet_by_default_and_tracks_progress():
-    console, log = feed_stream(verbose=False)
+    console, _ = feed_stream(verbose=False)
     assert not console.interactive  # a StringIO is not a terminal: plain text, no live display
-    assert console.shown == ["WARNING: round 1: client 2 dropped out (no reply)",
-                             "round 1/3: test accuracy 0.1555, max eps spent 3.873"]
+    assert console.shown == [
+        "WARNING: round 1: client 2 dropped out (no reply)",
+        "round 1/3: test accuracy 0.1555, max eps spent 3.873",
+    ]
     assert (console.rounds_done, console.clients_total, console.clients_done) == (1, 3, 3)
 
 
@@ -175,8 +176,8 @@ def test_run_log_has_every_line_once_without_colour_codes():
     assert "reduced_loss.backward" not in log  # the warning's source line went with it
     assert "Full backward hook" in log  # the log keeps what the console drops
     assert not any("Full backward hook" in s for s in console.shown)
-    assert parse_line(STREAM.splitlines()[3]) == ("INFO", "client 0 round 1 mode=dpsgd sigma=1.229 "
-                                                  "eps_spent=3.8725/5.42338")
+    expected = "client 0 round 1 mode=dpsgd sigma=1.229 eps_spent=3.8725/5.42338"
+    assert parse_line(STREAM.splitlines()[3]) == ("INFO", expected)
 
 
 def test_inprocess_logs_reach_the_console_once():

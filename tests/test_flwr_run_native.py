@@ -37,7 +37,8 @@ def user_shell(command: str, home: Path, timeout: float = 600) -> subprocess.Com
         "OMP_NUM_THREADS": "1",
     })
     script = f"source {shlex.quote(str(ACTIVATE))} && cd {shlex.quote(str(REPO))} && {command}"
-    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def newest_run(home: Path) -> dict:
