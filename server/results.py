@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -60,7 +61,11 @@ class ResultsWriter:
         plot_progress(self.rounds, self.out / "progress.png")
         from server.report_html import write_report
 
-        write_report(self.out)
+        try:  # the page is a view of the files above: a bug in it must not fail the run
+            write_report(self.out)
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger("privet.server").warning("could not write report.html: %s: %s",
+                                                       type(exc).__name__, exc)
         return summary
 
 
