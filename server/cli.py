@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -62,8 +63,6 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def toml_error_message(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> str:
     """Where a TOML syntax error is, as editors and compilers write it, with the line itself."""
-    import re
-
     msg = str(exc)
     m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
     if m is None:  # "(at end of document)"
@@ -136,7 +135,6 @@ def load_experiment(config_path: str | None, sets: list[str], out: str | None) -
 
 def validate(run_config: dict[str, Any]) -> None:
     from server.config import ConfigError, RunConfig
-
     from tasks.datasets import check_available
 
     try:
@@ -221,8 +219,9 @@ def simulation_pids(flwr_home: Path) -> list[int]:
 def wait_for_simulation(flwr_home: Path, timeout: float) -> bool:
     """Wait until this run's ``flwr-simulation`` has exited; True if it did within ``timeout``.
 
-    When Flower marks a run failed for a lost heartbeat, its log stream ends but the
-    simulation process goes on to the end of the run (and writes every result).
+    When Flower marks a run failed for a lost heartbeat, its log stream ends while the
+    simulation process goes on, until its next heartbeat is answered with "stop" or the run
+    ends (README, "Heartbeats on a loaded machine").
     """
     deadline = time.monotonic() + timeout
     while simulation_pids(flwr_home):
