@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,28 @@ def test_flower_lines_are_not_printed_twice_through_opacus_root_handler():
     finally:
         if planted in root.handlers:
             root.removeHandler(planted)
+
+
+def test_only_this_runs_simulation_processes_are_found_and_stopped(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    def fake_simulation(home: Path) -> subprocess.Popen:
+        """A process that looks like Flower's (``flwr-simulation`` in its command line)."""
+        env = {**os.environ, "FLWR_HOME": str(home)}
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "flwr-simulation"], env=env)
+
+    ours, theirs = fake_simulation(tmp_path / "ours"), fake_simulation(tmp_path / "theirs")
+    try:
+        assert cli.simulation_pids(tmp_path / "ours") == [ours.pid]
+        assert not cli.wait_for_simulation(tmp_path / "ours", timeout=0.5)
+        cli.stop_simulation(tmp_path / "ours")
+        assert ours.wait(timeout=10) != 0
+        assert cli.wait_for_simulation(tmp_path / "ours", timeout=5)
+        assert theirs.poll() is None  # another run's process is left alone
+    finally:
+        for proc in (ours, theirs):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
