@@ -297,6 +297,15 @@ def render(summary: dict[str, Any], rounds: list[dict[str, Any]], config: dict[s
         p.append("<h3>Rejected replies</h3><ul>")
         p += [f"<li>round {_e(r['round'])}: client {_e(cid)}: {_e(r['reason'])}</li>" for cid, r in rejected]
         p.append("</ul>")
+    if summary.get("refused"):
+        p.append("<h3>Sites refused at the handshake (never scheduled, no budget spent here)</h3><ul>")
+        p += [f"<li>{_e(r.get('client_id'))} (node {_e(r.get('node_id'))}): {_e(r.get('reason'))}</li>"
+              for r in summary["refused"]]
+        p.append("</ul>")
+    if summary.get("failed_rounds"):
+        p.append("<h3>Failed rounds (no new global model)</h3><ul>")
+        p += [f"<li>round {_e(f.get('round'))}: {_e(f.get('reason'))}</li>" for f in summary["failed_rounds"]]
+        p.append("</ul>")
 
     # -------------------------------------------------------------- config
     if config:

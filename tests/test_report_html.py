@@ -98,3 +98,13 @@ def test_a_headless_browser_renders_figures_and_tables(which, request, tmp_path)
     assert attrs["tables"] == "3"
     config_rows = len(json.loads((out / "config.json").read_text()))  # flat keys + pfa + fedceo sections
     assert int(attrs["table-rows"]) >= len(summary["clients"]) + 1 + config_rows
+
+
+def test_refused_sites_and_failed_rounds_are_listed(private_run):
+    from server.report_html import read_results, render
+
+    summary, rounds, config = read_results(private_run)
+    summary = {**summary, "refused": [{"node_id": 7, "client_id": "site-x", "reason": "no budget declared"}],
+               "failed_rounds": [{"round": 2, "reason": "0 accepted replies, 1 required"}]}
+    page = render(summary, rounds, config)
+    assert "site-x (node 7): no budget declared" in page and "round 2: 0 accepted replies, 1 required" in page
