@@ -27,6 +27,18 @@ echo "==> installing packages (torch 2.13.0 CPU, flwr 1.39.0, opacus 1.6.0, ...)
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[test]"
 
+# `source .venv/bin/activate` then gives a Flower user `flwr run .` as is: flwr and
+# flower-superlink on PATH, and no runtime dependency installation (Flower 1.39 would
+# otherwise `uv sync` the app into a fresh multi-GB per-run environment with CUDA torch;
+# flower-superlink reads this variable, see flwr/superlink/cli/flower_superlink.py).
+if ! grep -q "privet: Flower runtime" .venv/bin/activate; then
+    cat >> .venv/bin/activate <<'ACTIVATE'
+# >>> privet: Flower runtime settings >>>
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+# <<< privet: Flower runtime settings <<<
+ACTIVATE
+fi
+
 FMNIST=/usr/share/datasets/fashion-mnist
 if [[ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ]]; then
     if command -v apt-get >/dev/null 2>&1; then

@@ -47,6 +47,11 @@ from privacy.randomness import NoiseSource
 from tasks.datasets import ArrayDataset
 from tasks.models import get_weights, set_weights, train_plain
 
+# Opacus' ghost clipping backpropagates from the loss to module outputs on purpose, and
+# PyTorch warns about it on every step (60 times in the default run): not the user's business.
+# A process-wide filter, as ``catch_warnings`` is not thread-safe (simulated clients share a process).
+warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+
 log = logging.getLogger(__name__)
 
 

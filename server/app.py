@@ -12,10 +12,11 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from server.config import ConfigError, RunConfig
+from server.federation import check_federation
 from server.registry import build_strategy, train_config
 from server.results import ResultsWriter
 from strategies.log import route_privet_logs_to_flower
-from tasks.datasets import load_dataset
+from tasks.datasets import check_available, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 
 log = logging.getLogger("privet.server")
@@ -36,6 +37,13 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
     except ConfigError as exc:
         log.error("%s", exc)
         raise
+    # refused before the results directory exists: a wrong federation size, absent data
+    try:
+        check_federation(grid, cfg)
+        check_available(cfg.dataset, cfg.data_dir or None)
+    except (ConfigError, FileNotFoundError) as exc:
+        log.error("%s", exc)
+        raise ConfigError(str(exc)) from None
     out = results_dir(cfg, run_id)
     writer = ResultsWriter(out, cfg)
     log.info("privet: strategy=%s dp-mode=%s rounds=%d results in %s",

@@ -7,6 +7,7 @@
     privet run --set strategy=fedavg --set budget-distribution=none --out results/fedavg
     privet run --backend inprocess     the same app in one process, without Ray (quick runs)
     privet report DIR                  print the privacy report of a results directory
+    privet report DIR --open           write and open its HTML report
 
 ``run`` validates the whole configuration before anything starts (a bad key or value
 exits with status 2 and a message naming the key and the allowed values), runs Flower's
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,7 +31,10 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from server.console import RunConsole
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -44,8 +49,31 @@ def app_defaults(app_dir: Path = APP_DIR) -> dict[str, Any]:
     pyproject = app_dir / "pyproject.toml"
     if not pyproject.exists():
         raise CliError(f"no pyproject.toml in {app_dir}: run privet from a checkout of the project")
-    with open(pyproject, "rb") as fh:
-        return flatten(tomllib.load(fh)["tool"]["flwr"]["app"]["config"])
+    return flatten(read_toml(pyproject)["tool"]["flwr"]["app"]["config"])
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file; a syntax error becomes ``FILE:LINE:COLUMN: TOML syntax error: ...``."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CliError(toml_error_message(path, text, exc)) from None
+
+
+def toml_error_message(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> str:
+    """Where a TOML syntax error is, as editors and compilers write it, with the line itself."""
+    msg = str(exc)
+    m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+    if m is None:  # "(at end of document)"
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    else:
+        line, col = int(m.group(1)), int(m.group(2))
+    reason = re.sub(r"\s*\(at [^)]*\)$", "", msg)
+    source = (text.splitlines() or [""])[min(line, max(len(text.splitlines()), 1)) - 1]
+    return (f"{path}:{line}:{col}: TOML syntax error: {reason}\n"
+            f"    {source}\n    {' ' * (col - 1)}^")
 
 
 def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -81,8 +109,7 @@ def load_experiment(config_path: str | None, sets: list[str], out: str | None) -
         path = Path(config_path)
         if not path.exists():
             raise CliError(f"experiment config {config_path} does not exist")
-        with open(path, "rb") as fh:
-            overrides.update(flatten(tomllib.load(fh)))
+        overrides.update(flatten(read_toml(path)))
     overrides.update(dict(parse_assignment(s) for s in sets))
     if out:
         overrides["out-dir"] = str(Path(out).resolve())
@@ -96,7 +123,9 @@ def load_experiment(config_path: str | None, sets: list[str], out: str | None) -
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise CliError(f"config key '{key}' must be a {expected.__name__}; found {value!r}")
+            kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+                expected, f"a {expected.__name__}")
+            raise CliError(f"config key '{key}' must be {kind}; found {value!r}")
         merged[key] = value
     if not merged.get("out-dir"):
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -106,11 +135,16 @@ def load_experiment(config_path: str | None, sets: list[str], out: str | None) -
 
 def validate(run_config: dict[str, Any]) -> None:
     from server.config import ConfigError, RunConfig
+    from tasks.datasets import check_available
 
     try:
-        RunConfig.from_flower(run_config)
+        cfg = RunConfig.from_flower(run_config)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    try:  # before anything starts or any results directory exists
+        check_available(cfg.dataset, cfg.data_dir or None)
+    except FileNotFoundError as exc:
+        raise CliError(f"'dataset' = '{cfg.dataset}' is not available here: {exc}") from None
 
 
 # ---------------------------------------------------------------- simulation runner
@@ -164,6 +198,48 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
     return pids
 
 
+def simulation_pids(flwr_home: Path) -> list[int]:
+    """Pids of the ``flwr-simulation`` processes running with this ``FLWR_HOME`` (read from
+    their environment: only processes this run started carry it)."""
+    marker = f"FLWR_HOME={flwr_home}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"flwr-simulation" not in (proc / "cmdline").read_bytes():
+                continue
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_for_simulation(flwr_home: Path, timeout: float) -> bool:
+    """Wait until this run's ``flwr-simulation`` has exited; True if it did within ``timeout``.
+
+    When Flower marks a run failed for a lost heartbeat, its log stream ends while the
+    simulation process goes on, until its next heartbeat is answered with "stop" or the run
+    ends (README, "Heartbeats on a loaded machine").
+    """
+    deadline = time.monotonic() + timeout
+    while simulation_pids(flwr_home):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def stop_simulation(flwr_home: Path) -> None:
+    """SIGTERM what is left of this run's ``flwr-simulation`` (never anyone else's)."""
+    for pid in simulation_pids(flwr_home):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+
+
 def stop_local_superlink(flwr_home: Path) -> None:
     for pid in local_superlink_pids(flwr_home):
         try:
@@ -190,8 +266,13 @@ def run_status(flwr_home: Path, env: dict[str, str]) -> dict[str, Any]:
     return max(runs, key=lambda r: int(r["run-id"]))
 
 
-def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_home: bool = False) -> dict[str, Any]:
-    """Run one experiment with ``flwr run`` (Ray simulation); returns the run's status entry."""
+def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_home: bool = False,
+                   console: "RunConsole | None" = None) -> dict[str, Any]:
+    """Run one experiment with ``flwr run`` (Ray simulation); returns the run's status entry.
+
+    The simulation gets exactly ``num-clients`` SuperNodes (``--federation-config``); its
+    streamed log goes line by line to ``console`` (or straight through without one).
+    """
     import tomli_w
 
     flwr_home = Path(tempfile.mkdtemp(prefix="privet-flwr-home-"))
@@ -205,66 +286,192 @@ def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_
     cmd = [_flwr_bin("flwr"), "run", str(app_dir), "--run-config", str(overrides),
            "--federation-config", federation, "--stream"]
     try:
-        subprocess.run(cmd, env=env, cwd=flwr_home, check=False)
+        if console is None:
+            subprocess.run(cmd, env=env, cwd=flwr_home, check=False)
+        else:
+            with subprocess.Popen(cmd, env=env, cwd=flwr_home, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                  errors="replace") as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    console.feed(line)
         status = run_status(flwr_home, env)
+        if "heartbeat" in json.dumps(status).lower() and simulation_pids(flwr_home):
+            print("privet: Flower lost the simulation's heartbeat (an overloaded machine?) but the "
+                  "simulation is still running: waiting for it to finish", file=sys.stderr, flush=True)
+            budget = float(run_config.get("round-timeout", 3600.0)) * int(run_config.get("num-server-rounds", 1))
+            wait_for_simulation(flwr_home, budget)
+        else:
+            wait_for_simulation(flwr_home, 30.0)
     finally:
+        stop_simulation(flwr_home)
         stop_local_superlink(flwr_home)
         if not keep_home:
             shutil.rmtree(flwr_home, ignore_errors=True)
     return status
 
 
-def run_inprocess(run_config: dict[str, Any]) -> dict[str, Any]:
+def run_inprocess(run_config: dict[str, Any], console: "RunConsole | None" = None) -> dict[str, Any]:
+    """Run one experiment in this process (no Ray, no gRPC); logs go to ``console``."""
+    import contextlib
+
     from client.app import app as client_app
     from server.app import run_experiment
+    from server.console import logs_to
     from server.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(int(run_config["num-clients"])), run_config)
-    run_experiment(grid, run_config, run_id=1)
+    with logs_to(console) if console is not None else contextlib.nullcontext():
+        run_experiment(grid, run_config, run_id=1)
     return {"status": "finished:completed"}
+
+
+def lost_heartbeat_but_completed(status: dict[str, Any], out: Path) -> bool:
+    """Whether Flower marked the run failed only for a missed task heartbeat while the
+    ServerApp itself finished: ``summary.json`` says "completed".
+
+    Flower 1.39 fails a run whose ``flwr-simulation`` process sends no heartbeat for 60 s
+    (``HEARTBEAT_PATIENCE`` 2 x ``HEARTBEAT_DEFAULT_INTERVAL`` 30 s, constants, not options),
+    which happens on an overloaded machine although the run goes on to the end.
+    """
+    if "heartbeat" not in json.dumps(status).lower():
+        return False
+    try:
+        return json.loads((out / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 # ------------------------------------------------------------------------ commands
 def cmd_run(args: argparse.Namespace) -> int:
+    from server.console import RunConsole, open_log
+
     run_config = load_experiment(args.config, args.set or [], args.out)
     validate(run_config)
     out = Path(run_config["out-dir"])
     print(f"privet: {run_config['strategy']} on {run_config['dataset']}, "
           f"{run_config['num-clients']} clients, {run_config['num-server-rounds']} rounds -> {out}", flush=True)
-    if args.backend == "inprocess":
-        status = run_inprocess(run_config)
-    else:
-        status = run_simulation(run_config)
+    # run.log is written next to the results once they exist (a refused run leaves no folder)
+    log_path = Path(tempfile.mkstemp(prefix="privet-run-", suffix=".log")[1])
+    with open_log(log_path) as log_file, \
+            RunConsole(int(run_config["num-server-rounds"]), log=log_file, verbose=args.verbose) as console:
+        if args.backend == "inprocess":
+            try:
+                status = run_inprocess(run_config, console)
+            except Exception as exc:  # noqa: BLE001 - reported like a failed simulation
+                log_file.write(f"ERROR: {type(exc).__name__}: {exc}\n")
+                status = {"status": "finished:failed", "details": f"{type(exc).__name__}: {exc}"}
+        else:
+            status = run_simulation(run_config, console=console)
+    kept_log = log_path
+    if out.is_dir():
+        kept_log = out / "run.log"
+        shutil.move(str(log_path), kept_log)
     if status.get("status") != "finished:completed":
-        raise CliError(f"the run did not complete: {json.dumps(status)}; see the log above")
+        if lost_heartbeat_but_completed(status, out):
+            print("privet: warning: Flower marked the run failed for a missed heartbeat (an overloaded "
+                  "machine), but the ServerApp finished and wrote every result; see README, "
+                  "'Heartbeats on a loaded machine'", file=sys.stderr)
+        elif "heartbeat" in json.dumps(status).lower():
+            raise CliError(f"Flower stopped the run: its simulation process sent no heartbeat for 60 s (an "
+                           f"overloaded machine; see README, 'Heartbeats on a loaded machine'). Status: "
+                           f"{json.dumps(status)}; full log: {kept_log}")
+        else:
+            raise CliError(f"the run did not complete: {json.dumps(status)}; full log: {kept_log}")
     report = out / "privacy_report.md"
     if not report.exists():
-        raise CliError(f"the run completed but wrote no privacy report in {out}")
+        raise CliError(f"the run completed but wrote no privacy report in {out}; full log: {kept_log}")
     print(report.read_text())
-    print(f"results: {out}")
+    html = write_html_report(out)
+    print(f"results: {out}\nreport:  {html}\nlog:     {kept_log}")
     return 0
+
+
+def write_html_report(out: Path) -> Path:
+    """``report.html`` of a results directory (written anew from its files)."""
+    from server.report_html import write_report
+
+    return write_report(out)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    path = Path(args.dir) / "privacy_report.md"
+    out = Path(args.dir)
+    path = out / "privacy_report.md"
     if not path.exists():
         raise CliError(f"{args.dir} is not a privet results directory (no privacy_report.md)")
-    print(path.read_text())
+    if not (args.html or args.open):
+        print(path.read_text())
+        return 0
+    html = write_html_report(out)
+    print(html)
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(html.resolve().as_uri()):
+            print(f"privet: no browser found here; open {html} yourself", file=sys.stderr)
     return 0
 
 
+MAIN_HELP = """\
+privet: differentially private federated learning with heterogeneous per-client
+budgets, on Flower. Each client keeps its own (epsilon, delta) budget and ledger; the
+server verifies every reply and writes a per-client privacy report.
+
+examples:
+  privet run                                   the default experiment (10 clients, Fashion-MNIST)
+  privet run --backend inprocess --set num-server-rounds=1
+  privet run my-experiment.toml --out results/pfa
+  privet report results/pfa                    print its privacy report
+  privet report results/pfa --open             its HTML report, in a browser
+
+The same app runs with Flower's own CLI: flwr run . --federation-config "num-supernodes=10" --stream
+(see the README)."""
+
+RUN_HELP = """\
+Run one experiment: validate the whole configuration first (a bad key, value, TOML line
+or missing dataset stops here with status 2 and nothing written), then run Flower's
+simulation (or the in-process backend), show progress, and write the results directory:
+config.json, rounds.jsonl, summary.json, privacy_report.md, progress.png, report.html, run.log.
+
+Configuration: the defaults of [tool.flwr.app.config] in pyproject.toml < CONFIG.toml <
+--set KEY=VALUE (TOML values; bare words are strings) < --out.
+
+examples:
+  privet run
+  privet run --set strategy=fedavg --set budget-distribution=none --out results/fedavg
+  privet run --set budget-distribution=constant --set epsilon=2 --set num-server-rounds=5
+  privet run experiment.toml --backend inprocess --verbose"""
+
+REPORT_HELP = """\
+Print the privacy report of a results directory (privacy_report.md), or write its
+self-contained HTML report (report.html: accuracy and epsilon over rounds, per-client
+budget bars and guarantees, the run's configuration) and print its path or open it.
+
+examples:
+  privet report results/fedavg-hdp-20260101-120000
+  privet report results/run --html
+  privet report results/run --open"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="privet", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one experiment (default: the embedded default)")
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="privet", description=MAIN_HELP, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report}")
+    run = sub.add_parser("run", help="run one experiment (default: the embedded default)",
+                         description=RUN_HELP, formatter_class=fmt)
     run.add_argument("config", nargs="?", help="experiment TOML (keys of [tool.flwr.app.config])")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key")
-    run.add_argument("--out", help="results directory")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
+    run.add_argument("--out", help="results directory (default: results/<strategy>-<time>)")
     run.add_argument("--backend", choices=("simulation", "inprocess"), default="simulation",
                      help="Flower's Ray simulation (default) or one process without Ray")
+    run.add_argument("--verbose", "-v", action="store_true",
+                     help="print every log line (the full log always goes to run.log)")
     run.set_defaults(func=cmd_run)
-    report = sub.add_parser("report", help="print the privacy report of a results directory")
-    report.add_argument("dir")
+    report = sub.add_parser("report", help="print or open the report of a results directory",
+                            description=REPORT_HELP, formatter_class=fmt)
+    report.add_argument("dir", help="a results directory of privet run")
+    report.add_argument("--html", action="store_true", help="write report.html and print its path")
+    report.add_argument("--open", action="store_true", help="write report.html and open it in a browser")
     report.set_defaults(func=cmd_report)
     return parser
 

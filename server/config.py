@@ -120,17 +120,22 @@ class RunConfig(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
-        from tasks.datasets import DATASETS
+        from tasks.datasets import source
 
-        if v in DATASETS or (v.startswith("hf:") and len(v) > 3):
-            return v
-        raise ValueError(f"'dataset' must be one of {DATASETS} or 'hf:<name>'; found {v!r}")
+        source(v)  # the loader's own name check: DATASETS, emnist-<split>, hf:<name>
+        return v
 
     @model_validator(mode="after")
     def _cross(self) -> "RunConfig":
         if self.epsilon_min > self.epsilon_max:
             raise ValueError(
                 f"'epsilon-min' ({self.epsilon_min}) must not exceed 'epsilon-max' ({self.epsilon_max})"
+            )
+        if self.resolved_dp_mode == "none" and self.budget_distribution != "none" and self.dp_mode == "auto":
+            raise ValueError(
+                f"'strategy' = '{self.strategy}' trains without privacy (dp-mode none), which clients "
+                f"with a finite budget refuse: also set 'budget-distribution' = 'none' "
+                f"(--set budget-distribution=none), or choose a private strategy such as 'fedavg-hdp'"
             )
         if self.resolved_dp_mode == "none" and self.budget_distribution != "none":
             raise ValueError(
@@ -193,5 +198,5 @@ def format_validation_error(exc: ValidationError) -> str:
             msg = f"unknown key; allowed keys: {allowed}"
         elif "input" in err and err["type"] not in ("value_error",):
             msg = f"{msg} (found {err['input']!r})"
-        lines.append(f"invalid run config: '{key}': {msg}")
+        lines.append(f"invalid run config: '{key}': {msg}" if err["loc"] else f"invalid run config: {msg}")
     return "\n".join(lines)

@@ -7,6 +7,7 @@
     <out>/summary.json         strategy, rounds, final_accuracy (and personalized), clients[...]
     <out>/privacy_report.md    the report ``privet report <out>`` prints
     <out>/progress.png         accuracy and max/mean ε over rounds
+    <out>/report.html          the same, self-contained, with budget bars and the config (server/report_html.py)
 
 ε values are JSON numbers; an unbounded ε (no DP) is written as ``null`` with the client's
 ``guarantee`` saying so.
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -61,6 +63,13 @@ class ResultsWriter:
         _atomic_write(self.out / "summary.json", json.dumps(summary, indent=2))
         _atomic_write(self.out / "privacy_report.md", format_privacy_report(summary))
         plot_progress(self.rounds, self.out / "progress.png")
+        from server.report_html import write_report
+
+        try:  # the page is a view of the files above: a bug in it must not fail the run
+            write_report(self.out)
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger("privet.server").warning("could not write report.html: %s: %s",
+                                                       type(exc).__name__, exc)
         return summary
 
 
@@ -149,7 +158,8 @@ def build_summary(
         "best_personalized_accuracy": max((r["personalized_accuracy"] for r in personal), default=None),
         "accountant": cfg.accountant,
         "clip": cfg.clip,
-        "noise_multiplier": cfg.noise_multiplier or "calibrated per client",
+        "noise_multiplier": ("none (non-private)" if mode == "none"
+                             else cfg.noise_multiplier or "calibrated per client"),
         "noise_shares": cfg.noise_shares,
         "elapsed_seconds": elapsed,
         "dropped": sorted({c["client_id"] for c in clients if c["dropped_rounds"]}),
@@ -184,9 +194,9 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
             f"| {c['client_id']} | {eps(c['epsilon_budget'])} | {eps(c['epsilon_spent'])} | "
             f"{eps(c['epsilon_spent_before_run'])} | {eps(c['epsilon_server_recomputed_this_run'])} | "
             f"{c['delta']:g} | {len(c['rounds_joined'])} | {len(c['dropped_rounds'])} | "
-            f"{'yes' if c['within_budget'] else 'NO'} |"
+            f"{'n/a (no budget)' if c['epsilon_budget'] is None else 'yes' if c['within_budget'] else 'NO'} |"
         )
-    over = [c["client_id"] for c in summary["clients"] if not c["within_budget"]]
+    over = [c["client_id"] for c in summary["clients"] if c["epsilon_budget"] is not None and not c["within_budget"]]
     lines += ["", f"Clients over budget: {', '.join(over) if over else 'none'}."]
     if summary["dropped"]:
         lines.append(f"Clients that dropped out of at least one round: {', '.join(summary['dropped'])}.")
@@ -238,17 +248,22 @@ def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:
     ax1.set_xlabel("round")
     ax1.set_ylabel("test accuracy")
     ax1.grid(alpha=0.3)
-    if eps_rounds:
-        finite = [[v for v in r["epsilon_spent"].values() if v is not None and math.isfinite(v)] for r in eps_rounds]
+    finite = [[v for v in r["epsilon_spent"].values() if v is not None and math.isfinite(v)] for r in eps_rounds]
+    if any(finite):
         ex = [r["round"] for r, f in zip(eps_rounds, finite) if f]
         ax2.plot(ex, [max(f) for f in finite if f], marker="o", label="max over clients")
         ax2.plot(ex, [sum(f) / len(f) for f in finite if f], marker="s", label="mean over clients")
         ax2.legend()
+    else:  # a non-private run: nothing to draw, and no axis pretending otherwise
+        ax2.text(0.5, 0.5, "non-private run:\nno epsilon spent or bounded", ha="center", va="center",
+                 transform=ax2.transAxes)
+        ax2.set_xticks([])
+        ax2.set_yticks([])
     ax2.set_xlabel("round")
     ax2.set_ylabel("cumulative epsilon spent")
     from matplotlib.ticker import MaxNLocator
 
-    for ax in (ax1, ax2):
+    for ax in (ax1, ax2) if any(finite) else (ax1,):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.grid(alpha=0.3)
     fig.tight_layout()

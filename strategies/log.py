@@ -11,8 +11,29 @@ from __future__ import annotations
 import logging
 
 
+#: The root-logger format of ``logging.basicConfig`` in Opacus 1.6 (``opacus/utils/module_utils.py``).
+OPACUS_ROOT_FORMAT = "%(asctime)s:%(levelname)s:%(message)s"
+
+
+def drop_opacus_root_handler() -> None:
+    """Remove the stderr handler Opacus puts on the root logger when it is imported.
+
+    Opacus 1.6 calls ``logging.basicConfig`` at import time; Flower's ``flwr`` logger propagates
+    to the root logger, so every Flower line was printed twice, once as
+    ``11/24/2026 21:27:25:INFO:...``. Only that handler goes; the application's own stay.
+    """
+    import opacus  # noqa: F401 - its import is what adds the handler
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler and getattr(handler.formatter, "_fmt", None) == OPACUS_ROOT_FORMAT:
+            root.removeHandler(handler)
+
+
 def route_privet_logs_to_flower(level: int = logging.INFO) -> None:
-    """Attach Flower's handlers to the ``privet`` logger (idempotent)."""
+    """Attach Flower's handlers to the ``privet`` logger (idempotent), and drop Opacus'
+    duplicate root handler (:func:`drop_opacus_root_handler`)."""
+    drop_opacus_root_handler()
     privet = logging.getLogger("privet")
     privet.setLevel(level)
     if privet.handlers:

@@ -649,3 +649,37 @@ def clear_cache() -> None:
     """Forget every dataset parsed so far in this process."""
     with _load_lock:
         _cache.clear()
+
+
+def check_available(name: str, data_dir: str | None = None) -> None:
+    """Check, without parsing anything, that ``load_dataset(name, data_dir)`` finds its files.
+
+    Cheap enough to run before a run starts (it only stats files), so that a missing
+    dataset is refused before any results directory or process exists.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (the message lists the accepted ones).
+    FileNotFoundError
+        Naming every file looked for and how to install the dataset.
+
+    ``hf:<name>`` datasets are not checked here (only the Hub or its cache can tell).
+    """
+    name, folder = source(name, data_dir)
+    if name.startswith(HF_PREFIX):
+        return
+    if name == "cifar10":
+        folders = _data_folders(folder, [CIFAR10_SUBDIR])
+        missing = {b: [f / b for f in folders] for b in (*CIFAR10_TRAIN_BATCHES, CIFAR10_TEST_BATCH)
+                   if not any((f / b).is_file() for f in folders)}
+        if missing:
+            raise _missing_files_error("cifar10", missing)
+        return
+    if name.startswith("emnist"):
+        split = _emnist_split(name)
+        files = tuple(f"emnist-{split}-{f.replace('t10k', 'test')}" for f in MNIST_FILES)
+        _locate(f"emnist-{split}", files, _data_folders(folder, ["gzip", "EMNIST/raw"]))
+        return
+    sub = "FashionMNIST/raw" if name == "fashion-mnist" else "MNIST/raw"
+    _locate(name, MNIST_FILES, _data_folders(folder, [sub]))

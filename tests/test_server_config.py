@@ -57,7 +57,7 @@ def test_cli_overrides_are_typed_and_checked(tmp_path):
     assert parse_assignment("strategy=fedavg") == ("strategy", "fedavg")
     with pytest.raises(CliError, match="unknown config key"):
         load_experiment(None, ["nonsense=1"], None)
-    with pytest.raises(CliError, match="'num-server-rounds' must be a int"):
+    with pytest.raises(CliError, match="'num-server-rounds' must be an integer"):
         load_experiment(None, ["num-server-rounds=two"], None)
     exp = tmp_path / "exp.toml"
     exp.write_text('strategy = "minimum"\nnum-server-rounds = 7\n')
