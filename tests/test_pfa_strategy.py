@@ -109,7 +109,7 @@ def test_config_section_validates_and_matches_the_pyproject_defaults(run_config_
     assert RunConfig.from_flower(run_config_factory()).pfa == PFAConfig()  # pyproject == class defaults
     for key, value, words in [("pfa.split", "kmeans", "top-fraction, two-cluster"),
                               ("pfa.subspace-method", "lanczos", "exact, randomized"),
-                              ("pfa.no-public", "skip", "weiavg, error"),
+                              ("pfa.no-public", "skip", "weiavg, redraw, error"),
                               ("pfa.k", 0, "greater than or equal to 1"),
                               ("pfa.public-fraction", 1.5, "less than or equal to 1")]:
         with pytest.raises(ConfigError, match=key) as err:
