@@ -41,6 +41,9 @@ HEADER = """\
 #   PRIVET_FLEET_BIND     host address the Fleet API listens on   (0.0.0.0: remote SuperNodes)
 #   PRIVET_FLEET_PORT     host port of the Fleet API (gRPC)       (9092)
 #   PRIVET_CONTROL_PORT   host port of the Control API, bound to 127.0.0.1 only (9093)
+#   PRIVET_CONTROL_NET    first three octets of the operator-only network       (172.30.93)
+#                         the Control API listens only there: SuperNode containers, on the
+#                         "fleet" network, reach the Fleet API (9092) and nothing else
 #   PRIVET_DATA           host folder with the Fashion-MNIST IDX files, mounted read-only
 #                         (/usr/share/datasets/fashion-mnist)
 #   PRIVET_CERTS, PRIVET_KEYS  folders written by generate-certs.sh (./deploy/certs, ./deploy/keys)
@@ -103,15 +106,19 @@ services:
       - --database=/var/lib/privet/superlink.db
       - --disable-runtime-dependency-installation
       - --fleet-api-address=0.0.0.0:9092
-      - --host=0.0.0.0
+      - --host=${{PRIVET_CONTROL_NET:-172.30.93}}.2
       - --port=9093
       - --health-server-address=127.0.0.1:8081
     environment:
       FLWR_HOME: /var/lib/privet/flwr
-      PRIVET_HEALTH_TCP: "127.0.0.1:9092,127.0.0.1:9093"
+      PRIVET_HEALTH_TCP: "127.0.0.1:9092,${{PRIVET_CONTROL_NET:-172.30.93}}.2:9093"
     ports:
       - "${{PRIVET_FLEET_BIND:-0.0.0.0}}:${{PRIVET_FLEET_PORT:-9092}}:9092"
       - "127.0.0.1:${{PRIVET_CONTROL_PORT:-9093}}:9093"
+    networks:
+      control:
+        ipv4_address: "${{PRIVET_CONTROL_NET:-172.30.93}}.2"
+      fleet: {{}}
     volumes:
       - superlink-state:/var/lib/privet
       - "${{PRIVET_CERTS:-./deploy/certs}}/ca.crt:/certs/ca.crt:ro"
@@ -145,6 +152,7 @@ services:
         flwr supernode list compose
     environment:
       FLWR_HOME: /tmp/flwr-cli
+    networks: [control]
     volumes:
       - "${{PRIVET_CERTS:-./deploy/certs}}/ca.crt:/certs/ca.crt:ro"
 """)
@@ -169,6 +177,7 @@ services:
       - --health-server-address=127.0.0.1:8081
       - --node-config
       - {q(node_config(i, n, eps, delta))}
+    networks: [fleet]
     volumes:
       - supernode-{i}-state:/var/lib/privet
       - "${{PRIVET_CERTS:-./deploy/certs}}/ca.crt:/certs/ca.crt:ro"
@@ -185,6 +194,18 @@ services:
       register:
         condition: service_completed_successfully
     restart: unless-stopped
+""")
+    out.append("""
+networks:
+  # The operator's side: the Control API (run submission, node registration) listens only here.
+  # Docker publishes a multi-network container's ports through the first network in lexical
+  # order, so "control" (< "fleet") also carries the 127.0.0.1-bound host ports.
+  control:
+    ipam:
+      config:
+        - subnet: "${PRIVET_CONTROL_NET:-172.30.93}.0/24"
+  # SuperNodes and the SuperLink's Fleet API.
+  fleet: {}
 """)
     out.append("\nvolumes:\n  superlink-state:\n")
     out.extend(f"  supernode-{i}-state:\n" for i in range(n))

@@ -236,6 +236,17 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
         assert json.loads(ledger)["history"]
         node_log = _run([*dc, "logs", "supernode-1"], cwd=ctx, env=env).stdout
         assert "client site-1 round 1 mode=dpsgd" in node_log
+        # the Control API is the operator's alone: a SuperNode container reaches the Fleet API,
+        # but neither the SuperLink's Control API by name nor its operator-network address
+        probe = ("import socket, sys\n"
+                 "def ok(h, p):\n"
+                 "    try:\n"
+                 "        socket.create_connection((h, p), 3).close(); return True\n"
+                 "    except OSError:\n"
+                 "        return False\n"
+                 "print(ok('superlink', 9092), ok('superlink', 9093), ok('172.30.93.2', 9093))")
+        reach = _run(["docker", "exec", node, "python", "-c", probe]).stdout.split()
+        assert reach == ["True", "False", "False"], reach
         timings["total"] = time.monotonic() - t0
         print("compose test timings (s):", json.dumps({k: round(v, 1) for k, v in timings.items()}))
         (CACHE / "last-compose-timings.json").write_text(json.dumps(timings, indent=2))
