@@ -9,8 +9,10 @@
 #              repeatable; e.g. the public host name SuperNodes use to reach it.
 #
 # Writes DIR/certs/{ca.crt,ca.key,server.pem,server.key} (a private CA and a SuperLink
-# server certificate whose SANs cover the compose service name `superlink`, localhost and
-# 127.0.0.1, plus every --san) and DIR/keys/supernode-<i>{,.pub} (ECDSA P-384 OpenSSH key
+# server certificate whose SANs cover the compose service name `superlink`, localhost,
+# 127.0.0.1, the SuperLink's address on the compose stack's operator-only network
+# ($PRIVET_CONTROL_NET.2, default 172.30.93.2: its Control API listens only there), plus
+# every --san) and DIR/keys/supernode-<i>{,.pub} (ECDSA P-384 OpenSSH key
 # pairs; Flower's SuperNode authentication needs exactly this key type).
 # Existing files are kept (re-run to add keys); delete a file to regenerate it.
 # Nothing here is committed: deploy/certs/ and deploy/keys/ are git-ignored.
@@ -54,8 +56,9 @@ if [[ ! -f "$CERTS/server.pem" || ! -f "$CERTS/server.key" ]]; then
     alt="DNS.1 = superlink
 DNS.2 = localhost
 IP.1 = 127.0.0.1
-IP.2 = ::1"
-    d=3; i=3
+IP.2 = ::1
+IP.3 = ${PRIVET_CONTROL_NET:-172.30.93}.2"
+    d=3; i=4
     for san in "${SANS[@]}"; do
         if [[ "$san" =~ ^[0-9.]+$ || "$san" == *:* ]]; then alt+=$'\n'"IP.$i = $san"; i=$((i + 1))
         else alt+=$'\n'"DNS.$d = $san"; d=$((d + 1)); fi
@@ -83,7 +86,7 @@ CNF
         -CAcreateserial -out "$CERTS/server.pem" -days 825 -sha256 \
         -extfile "$cnf" -extensions ext 2>/dev/null
     rm -f "$CERTS/server.csr" "$CERTS/ca.srl"
-    echo "created $CERTS/server.pem (SANs: superlink, localhost, 127.0.0.1, ::1${SANS[*]:+, ${SANS[*]}})"
+    echo "created $CERTS/server.pem (SANs: superlink, localhost, 127.0.0.1, ::1, ${PRIVET_CONTROL_NET:-172.30.93}.2${SANS[*]:+, ${SANS[*]}})"
 fi
 
 for ((k = 0; k < N; k++)); do

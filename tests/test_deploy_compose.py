@@ -205,20 +205,26 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
                        _run([*dc, "ps", "-q", "superlink"], cwd=ctx, env=env).stdout.strip()])
         assert health.stdout.strip() == "healthy"
 
+        def submit(name: str, **extra) -> int:  # noqa: ANN003
+            overrides = tmp_path / f"{name}.toml"
+            overrides.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in {
+                **FAST, "num-clients": 3, "min-train-clients": 3, "out-dir": f"/var/lib/privet/results/{name}",
+                **extra}.items()))
+            out = _flwr(cli, "run", str(APP_DIR), "privet-compose", "--run-config", str(overrides), "--format", "json")
+            assert out.returncode == 0, out.stdout + out.stderr
+            return int(json.loads(out.stdout)["run-id"])
+
+        def wait(run_id: int) -> str:
+            deadline = time.monotonic() + 600
+            while True:
+                runs = json.loads(_flwr(cli, "ls", "privet-compose", "--format", "json").stdout)["runs"]
+                status = next(r for r in runs if int(r["run-id"]) == run_id)["status"]
+                if status.startswith("finished") or time.monotonic() > deadline:
+                    return status
+                time.sleep(3)
+
         t = time.monotonic()
-        overrides = tmp_path / "run-config.toml"
-        overrides.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in {
-            **FAST, "num-clients": 3, "min-train-clients": 3, "out-dir": "/var/lib/privet/results/ci"}.items()))
-        out = _flwr(cli, "run", str(APP_DIR), "privet-compose", "--run-config", str(overrides), "--format", "json")
-        assert out.returncode == 0, out.stdout + out.stderr
-        run_id = int(json.loads(out.stdout)["run-id"])
-        deadline = time.monotonic() + 600
-        while True:
-            runs = json.loads(_flwr(cli, "ls", "privet-compose", "--format", "json").stdout)["runs"]
-            status = next(r for r in runs if int(r["run-id"]) == run_id)["status"]
-            if status.startswith("finished") or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+        status = wait(submit("ci"))
         timings["2-round run (logreg, 256 examples/client)"] = time.monotonic() - t
         assert status == "finished:completed", _run([*dc, "logs", "--tail", "60"], cwd=ctx, env=env).stdout
 
@@ -247,6 +253,25 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
                  "print(ok('superlink', 9092), ok('superlink', 9093), ok('172.30.93.2', 9093))")
         reach = _run(["docker", "exec", node, "python", "-c", probe]).stdout.split()
         assert reach == ["True", "False", "False"], reach
+
+        # a site's container restarted mid-run keeps its ledger volume, and the run completes
+        t = time.monotonic()
+        run2 = submit("ci-restart", **{"round-timeout": 90.0})
+        deadline = time.monotonic() + 300
+        while _run(["docker", "exec", link, "test", "-s", "/var/lib/privet/results/ci-restart/rounds.jsonl"],
+                   check=False).returncode != 0:
+            assert time.monotonic() < deadline, "run 2 never started"
+            time.sleep(2)
+        _run([*dc, "restart", "supernode-1"], cwd=ctx, env=env, timeout=120)
+        assert wait(run2) == "finished:completed"
+        timings["2-round run with supernode-1 restarted mid-run"] = time.monotonic() - t
+        _run(["docker", "cp", f"{link}:/var/lib/privet/results/ci-restart/summary.json", str(tmp_path / "s2.json")])
+        site1 = next(c for c in json.loads((tmp_path / "s2.json").read_text())["clients"] if c["client_id"] == "site-1")
+        assert site1["epsilon_spent_before_run"] == pytest.approx(by_id["site-1"]["epsilon_spent"], rel=1e-9)
+        assert site1["within_budget"] and 1 in site1["rounds_joined"]
+        node = _run([*dc, "ps", "-q", "supernode-1"], cwd=ctx, env=env).stdout.strip()
+        after = json.loads(_run(["docker", "exec", node, "cat", "/var/lib/privet/ledgers/site-1.json"]).stdout)
+        assert len(after["history"]) >= len(json.loads(ledger)["history"]) + 1, "the ledger volume survived"
         timings["total"] = time.monotonic() - t0
         print("compose test timings (s):", json.dumps({k: round(v, 1) for k, v in timings.items()}))
         (CACHE / "last-compose-timings.json").write_text(json.dumps(timings, indent=2))
