@@ -83,6 +83,8 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
         writer.finish(strategy, time.perf_counter() - started, status=f"failed: {type(exc).__name__}: {exc}")
         raise
     summary = writer.finish(strategy, time.perf_counter() - started)
+    if summary["failed_rounds"]:  # never passes as completed (summary.json says why)
+        raise RuntimeError(f"privet: the run is {summary['status']}; see {out / 'privacy_report.md'}")
     log.info("privet: final accuracy %s; results in %s", summary["final_accuracy"], out)
     return summary
 

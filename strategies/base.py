@@ -99,6 +99,7 @@ class Refusal:
 
     client_id: str
     reason: str
+    retry: bool = False  #: it did not answer: asked again at later rounds
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,9 @@ def seeded_sample(node_ids: Iterable[int], size: int, seed: Sequence[int]) -> li
 
 #: Flower's error codes for replies the SuperLink writes itself when the destination node
 #: is gone; such a node is counted as dropped.
+#: Timeout of a handshake that only re-asks nodes that did not answer before.
+RETRY_HANDSHAKE_SECONDS = 10.0
+
 _NODE_GONE_ERRORS = (ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 
@@ -298,32 +302,43 @@ class PrivacyAwareFedAvg(FedAvg):
         """
         return None
 
-    def _refuse(self, node: int, client_id: str, reason: str) -> None:
-        self.refused[node] = Refusal(client_id, reason)
-        log.warning("handshake: %s (node %d) refused: %s", client_id, node, reason)
+    def _refuse(self, node: int, client_id: str, reason: str, retry: bool = False) -> None:
+        if node not in self.refused:
+            log.warning("handshake: %s (node %d) refused: %s", client_id, node, reason)
+        self.refused[node] = Refusal(client_id, reason, retry)
 
     def handshake(self, grid: Grid, node_ids: Iterable[int]) -> None:
         """Ask every node not seen before for its budget; register those that answer.
 
-        A node is asked once per run. It is refused (listed in the summary and report with
-        the reason, never scheduled) when it answers with an error (e.g. a malformed
-        node config), declares a malformed or invalid budget, one this strategy cannot use
-        (:meth:`refuse_declaration`), a ``client-id`` another node already holds, or does
-        not answer within ``handshake_timeout``.
+        A node is refused (listed in the summary and report with the reason, never
+        scheduled, not asked again) when it answers with an error (e.g. a malformed node
+        config), declares a malformed or invalid budget, one this strategy cannot use
+        (:meth:`refuse_declaration`), or a ``client-id`` another node already holds. A node
+        that does not answer within ``handshake_timeout`` (hung, restarting, unreachable) is
+        listed too, but asked again at later rounds with a short timeout
+        (``RETRY_HANDSHAKE_SECONDS``), so a hung site costs little and a restarted one rejoins.
         """
+        node_ids = list(node_ids)
         new = [n for n in node_ids if n not in self.accounts and n not in self.refused]
-        if not new:
+        retry = [n for n in node_ids if n in self.refused and self.refused[n].retry]
+        if not new and not retry:
             return
+        timeout = self.handshake_timeout if new else min(self.handshake_timeout, RETRY_HANDSHAKE_SECONDS)
         config = ConfigRecord({keys.ACCOUNTANT: self.accountant})
         messages = [
             Message(RecordDict({keys.CONFIG: config}), dst_node_id=n,
                     message_type=f"{MessageType.QUERY}.{keys.QUERY_BUDGET}")
-            for n in new
+            for n in new + retry
         ]
-        for reply in grid.send_and_receive(messages, timeout=self.handshake_timeout):
-            node = reply.metadata.src_node_id
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        # the grid gives each message its id when it sends it; a reply the SuperLink writes for
+        # an unavailable node comes from the SuperLink, so map replies back by that id
+        asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+        for reply in replies:
+            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if reply.has_error():
-                self._refuse(node, f"node-{node}", reply.error.reason or f"error code {reply.error.code}")
+                if reply.error.code not in _NODE_GONE_ERRORS:  # gone: counted as unanswered below
+                    self._refuse(node, f"node-{node}", reply.error.reason or f"error code {reply.error.code}")
                 continue
             try:
                 m = reply.content[keys.METRICS]
@@ -364,13 +379,14 @@ class PrivacyAwareFedAvg(FedAvg):
                 continue
             account.exhausted = is_spent(account.epsilon_spent, account.epsilon_budget)
             self.accounts[node] = account
+            self.refused.pop(node, None)
             log.info("handshake: client %s (node %d) eps=%g delta=%g spent=%.4f n=%d",
                      account.client_id, node, account.epsilon_budget, account.delta,
                      account.epsilon_spent, account.num_examples)
-        for node in new:
-            if node not in self.accounts and node not in self.refused:
-                self._refuse(node, f"node-{node}",
-                             f"no answer to the budget handshake within {self.handshake_timeout:g}s")
+        for node in new + retry:
+            if node not in self.accounts and (node not in self.refused or self.refused[node].retry):
+                self._refuse(node, f"node-{node}", f"no answer to the budget handshake within {timeout:g}s "
+                             "(asked again at later rounds)", retry=True)
 
     # -------------------------------------------------------------- sampling
     def eligible(self, node_ids: Iterable[int]) -> list[int]:

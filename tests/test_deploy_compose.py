@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from privacy.ledger import PrivacyLedger
 from tests.deploy_support import FAST, generate_certs, missing
 from tests.flower_processes import APP_DIR, BIN, free_port, stop
 
@@ -223,23 +224,37 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
                     return status
                 time.sleep(3)
 
+        # the run's second round meets a restart of supernode-1's container: the site comes back
+        # with its ledger volume and the run completes (its lost reply costs at most round-timeout)
         t = time.monotonic()
-        status = wait(submit("ci"))
-        timings["2-round run (logreg, 256 examples/client)"] = time.monotonic() - t
+        link = _run([*dc, "ps", "-q", "superlink"], cwd=ctx, env=env).stdout.strip()
+        run_id = submit("ci", **{"round-timeout": 90.0})
+        deadline = time.monotonic() + 300
+        while '"round": 1' not in _run(["docker", "exec", link, "cat", "/var/lib/privet/results/ci/rounds.jsonl"],
+                                       check=False).stdout:
+            assert time.monotonic() < deadline, "round 1 never finished"
+            time.sleep(1)
+        _run([*dc, "restart", "supernode-1"], cwd=ctx, env=env, timeout=120)
+        status = wait(run_id)
+        timings["2-round run (logreg, 256 examples/client), supernode-1 restarted after round 1"] = \
+            time.monotonic() - t
         assert status == "finished:completed", _run([*dc, "logs", "--tail", "60"], cwd=ctx, env=env).stdout
 
-        link = _run([*dc, "ps", "-q", "superlink"], cwd=ctx, env=env).stdout.strip()
         _run(["docker", "cp", f"{link}:/var/lib/privet/results/ci/summary.json", str(tmp_path / "summary.json")])
         summary = json.loads((tmp_path / "summary.json").read_text())
         assert summary["rounds_completed"] == 2 and summary["final_accuracy"] > 0.2
         by_id = {c["client_id"]: c for c in summary["clients"]}
         for i, eps in enumerate(BUDGETS):
             c = by_id[f"site-{i}"]
-            assert c["epsilon_budget"] == eps and c["within_budget"] and c["rounds_joined"] == [1, 2]
+            assert c["epsilon_budget"] == eps and c["within_budget"]
+            assert c["rounds_joined"] == ([1, 2] if i != 1 else c["rounds_joined"]) and 1 in c["rounds_joined"]
         # each SuperNode's ledger is on its own volume; its logs say what it did per round
         node = _run([*dc, "ps", "-q", "supernode-1"], cwd=ctx, env=env).stdout.strip()
         ledger = _run(["docker", "exec", node, "cat", "/var/lib/privet/ledgers/site-1.json"]).stdout
         assert json.loads(ledger)["history"]
+        restarted = PrivacyLedger.from_json(ledger)  # the volume kept every charge across the restart
+        assert restarted.spent() >= by_id["site-1"]["epsilon_spent"] * (1 - 1e-9)
+        assert restarted.rounds_joined() >= len(by_id["site-1"]["rounds_joined"])
         node_log = _run([*dc, "logs", "supernode-1"], cwd=ctx, env=env).stdout
         assert "client site-1 round 1 mode=dpsgd" in node_log
         # the Control API is the operator's alone: a SuperNode container reaches the Fleet API,
@@ -254,24 +269,6 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
         reach = _run(["docker", "exec", node, "python", "-c", probe]).stdout.split()
         assert reach == ["True", "False", "False"], reach
 
-        # a site's container restarted mid-run keeps its ledger volume, and the run completes
-        t = time.monotonic()
-        run2 = submit("ci-restart", **{"round-timeout": 90.0})
-        deadline = time.monotonic() + 300
-        while _run(["docker", "exec", link, "test", "-s", "/var/lib/privet/results/ci-restart/rounds.jsonl"],
-                   check=False).returncode != 0:
-            assert time.monotonic() < deadline, "run 2 never started"
-            time.sleep(2)
-        _run([*dc, "restart", "supernode-1"], cwd=ctx, env=env, timeout=120)
-        assert wait(run2) == "finished:completed"
-        timings["2-round run with supernode-1 restarted mid-run"] = time.monotonic() - t
-        _run(["docker", "cp", f"{link}:/var/lib/privet/results/ci-restart/summary.json", str(tmp_path / "s2.json")])
-        site1 = next(c for c in json.loads((tmp_path / "s2.json").read_text())["clients"] if c["client_id"] == "site-1")
-        assert site1["epsilon_spent_before_run"] == pytest.approx(by_id["site-1"]["epsilon_spent"], rel=1e-9)
-        assert site1["within_budget"] and 1 in site1["rounds_joined"]
-        node = _run([*dc, "ps", "-q", "supernode-1"], cwd=ctx, env=env).stdout.strip()
-        after = json.loads(_run(["docker", "exec", node, "cat", "/var/lib/privet/ledgers/site-1.json"]).stdout)
-        assert len(after["history"]) >= len(json.loads(ledger)["history"]) + 1, "the ledger volume survived"
         timings["total"] = time.monotonic() - t0
         print("compose test timings (s):", json.dumps({k: round(v, 1) for k, v in timings.items()}))
         (CACHE / "last-compose-timings.json").write_text(json.dumps(timings, indent=2))
