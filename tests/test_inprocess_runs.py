@@ -4,6 +4,7 @@ Grid: privacy budgets, bad replies, drop-outs, exhaustion, durable ledgers."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -20,6 +21,14 @@ def _run(cfg, node_configs=None, hook=None, run_id=1):
     grid = InProcessGrid(client_app, node_configs or simulation_node_configs(cfg["num-clients"]), cfg,
                          run_id=run_id, reply_hook=hook)
     return run_experiment(grid, cfg, run_id=run_id)
+
+
+def _run_incomplete(cfg, node_configs=None, run_id=1):
+    """A run in which some round accepts no reply: it ends failed (Flower marks it so), and its
+    summary.json says which rounds and why."""
+    with pytest.raises(RuntimeError, match="incomplete"):
+        _run(cfg, node_configs, run_id=run_id)
+    return json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())
 
 
 def _dp_accounting_epsilon(history, delta):
@@ -166,17 +175,19 @@ def test_dropped_client_is_reported_and_the_run_finishes(run_config_factory, tmp
 
 
 def test_exhausted_client_refuses_and_is_never_scheduled_again(run_config_factory):
-    # fixed, weak noise: one round costs more than half of eps = 3, so round 2 would exceed it
+    # fixed, weak noise: one round costs eps = 2.86 (PRV, replace-one) of 3, so round 2 would exceed it
     cfg = run_config_factory(num_server_rounds=4, budget_distribution="constant", epsilon=3.0,
-                             noise_multiplier=0.9)
-    summary = _run(cfg)
+                             noise_multiplier=1.2)
+    summary = _run_incomplete(cfg)  # rounds 2-4 have nobody left to train
     for c in summary["clients"]:
         assert c["within_budget"] and c["epsilon_spent"] <= 3.0
         assert c["exhausted"]
         assert len(c["rounds_joined"]) < 4
         # refused once at most: after a refusal (or reaching the budget) it is not scheduled
         assert len(c["rejections"]) <= 1
+        assert c["rounds_joined"] == [1]
     assert summary["rounds_completed"] == 4
+    assert [f["round"] for f in summary["failed_rounds"]] == [2, 3, 4]
 
 
 def test_ledger_survives_restarts_and_a_spent_budget_blocks_training(run_config_factory, tmp_path):
@@ -196,7 +207,7 @@ def test_ledger_survives_restarts_and_a_spent_budget_blocks_training(run_config_
         assert c["epsilon_spent_before_run"] == pytest.approx(spent1[c["client_id"]])
         assert spent1[c["client_id"]] < c["epsilon_spent"] <= 4.0
     # both runs used the whole budget between them: a third run trains nobody
-    third = _run(run_config_factory(num_server_rounds=1, run_epsilon=2.0, out_dir=str(tmp_path / "r3")),
-                 nodes, run_id=3)
+    third = _run_incomplete(run_config_factory(num_server_rounds=1, run_epsilon=2.0, out_dir=str(tmp_path / "r3")),
+                            nodes, run_id=3)
     assert all(c["rounds_joined"] == [] for c in third["clients"])
     assert all(c["exhausted"] for c in third["clients"])
