@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from privacy.budgets import budgets_for
+from privacy.budgets import budget_for, budgets_for
 from privacy.randomness import NOISE_SOURCES
 
 UserConfig = Mapping[str, bool | int | float | str]
@@ -128,20 +128,14 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     distribution = str(run_config["budget-distribution"])
     if distribution == NO_BUDGET:
         return math.inf
-    all_budgets = budgets_for(
-        distribution,
-        num_partitions,
-        seed=int(run_config["seed"]),
-        epsilon=float(run_config["epsilon"]),
-        epsilon_min=float(run_config["epsilon-min"]),
-        epsilon_max=float(run_config["epsilon-max"]),
-    )
+    params = {"seed": int(run_config["seed"]), "epsilon": float(run_config["epsilon"]),
+              "epsilon_min": float(run_config["epsilon-min"]), "epsilon_max": float(run_config["epsilon-max"])}
     strategy = str(run_config.get("strategy", ""))
-    if strategy == "minimum":
-        return float(min(all_budgets))
-    if strategy == "maximum":
-        return float(max(all_budgets))
-    return float(all_budgets[partition_id])
+    if strategy in ("minimum", "maximum"):  # the reference needs every budget: O(N), these two only
+        everyone = budgets_for(distribution, num_partitions, **params)
+        return float(min(everyone) if strategy == "minimum" else max(everyone))
+    # O(1): only this client's own draw (every client's is an independent stream)
+    return float(budget_for(distribution, partition_id, num_clients=num_partitions, **params))
 
 
 def deployed() -> bool:

@@ -172,3 +172,16 @@ def test_invalid_parameters(kwargs: dict[str, object], name: str) -> None:
     distribution, client_id = args.pop("distribution"), args.pop("client_id")
     with pytest.raises(ValueError, match=name):
         budget_for(distribution, client_id, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["uniform", "mixgauss1", "groups", "pareto"])
+def test_a_client_draws_its_own_budget_alone_and_it_equals_the_full_draw(name: str) -> None:
+    """A simulated client computes only its own budget (O(1) per message, whatever N), and
+    that is exactly its entry of the all-clients draw the server side uses."""
+    from client.profile import simulated_budget
+
+    cfg = {"budget-distribution": name, "seed": 7, "epsilon": 3.0, "epsilon-min": 1.0, "epsilon-max": 10.0}
+    everyone = budgets_for(name, 200, seed=7, epsilon=3.0, epsilon_min=1.0, epsilon_max=10.0)
+    assert [simulated_budget(cfg, i, 200) for i in range(200)] == everyone
+    assert simulated_budget({**cfg, "strategy": "minimum"}, 5, 200) == min(everyone)
+    assert simulated_budget({**cfg, "strategy": "maximum"}, 5, 200) == max(everyone)
