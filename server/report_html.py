@@ -64,6 +64,10 @@ window.addEventListener('load', function () {
 """
 
 
+
+#: Above this many clients the ε figure shows max and mean instead of one line per client.
+MAX_CLIENT_SERIES = 20
+
 def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
@@ -204,11 +208,19 @@ def render(summary: dict[str, Any], rounds: list[dict[str, Any]], config: dict[s
         for cid, v in (r.get("epsilon_spent") or {}).items():
             if v is not None and math.isfinite(v):
                 eps_series.setdefault(str(cid), []).append((r["round"], v))
-    if private and eps_series:
+    if private and eps_series and len(eps_series) <= MAX_CLIENT_SERIES:
         ordered = sorted(eps_series.items(), key=lambda kv: (len(kv[0]), kv[0]))
-        figures.append(("epsilon", "Cumulative ε spent by each client (its own ledger, replace-one)",
+        figures.append(("epsilon", "Cumulative ε spent by each client (its own ledger, replace-one), "
+                        "at the rounds it trained",
                         line_chart([(f"client {k}", v) for k, v in ordered], x_label="round",
                                    y_label="cumulative ε spent", y_min=0.0)))
+    elif private:  # too many clients for one line each: the statistics every round row carries
+        stats = [r for r in rounds if r.get("num_registered")]
+        figures.append(("epsilon", f"Cumulative ε spent over the {len(summary['clients'])} clients "
+                        "(their own ledgers, replace-one)",
+                        line_chart([("max", [(r["round"], r["epsilon_spent_max"]) for r in stats]),
+                                    ("mean", [(r["round"], r["epsilon_spent_mean"]) for r in stats])],
+                                   x_label="round", y_label="cumulative ε spent", y_min=0.0)))
     if private:
         figures.append(("budgets", "Per-client budget: spent and remaining", budget_bars(summary["clients"])))
 

@@ -242,17 +242,17 @@ def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:
 
     xs = [r["round"] for r in rounds if r.get("accuracy") is not None]
     acc = [r["accuracy"] for r in rounds if r.get("accuracy") is not None]
-    eps_rounds = [r for r in rounds if r.get("epsilon_spent")]
+    eps_rounds = [r for r in rounds if r.get("epsilon_spent_max") is not None and r.get("num_registered")]
+    private = any(r["epsilon_spent_max"] > 0 for r in eps_rounds)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
     ax1.plot(xs, acc, marker="o")
     ax1.set_xlabel("round")
     ax1.set_ylabel("test accuracy")
     ax1.grid(alpha=0.3)
-    finite = [[v for v in r["epsilon_spent"].values() if v is not None and math.isfinite(v)] for r in eps_rounds]
-    if any(finite):
-        ex = [r["round"] for r, f in zip(eps_rounds, finite) if f]
-        ax2.plot(ex, [max(f) for f in finite if f], marker="o", label="max over clients")
-        ax2.plot(ex, [sum(f) / len(f) for f in finite if f], marker="s", label="mean over clients")
+    if private:  # statistics over every registered client, written with each round
+        ex = [r["round"] for r in eps_rounds]
+        ax2.plot(ex, [r["epsilon_spent_max"] for r in eps_rounds], marker="o", label="max over clients")
+        ax2.plot(ex, [r["epsilon_spent_mean"] for r in eps_rounds], marker="s", label="mean over clients")
         ax2.legend()
     else:  # a non-private run: nothing to draw, and no axis pretending otherwise
         ax2.text(0.5, 0.5, "non-private run:\nno epsilon spent or bounded", ha="center", va="center",
@@ -263,7 +263,7 @@ def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:
     ax2.set_ylabel("cumulative epsilon spent")
     from matplotlib.ticker import MaxNLocator
 
-    for ax in (ax1, ax2) if any(finite) else (ax1,):
+    for ax in (ax1, ax2) if private else (ax1,):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.grid(alpha=0.3)
     fig.tight_layout()

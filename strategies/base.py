@@ -129,6 +129,14 @@ def weighted_mean(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[floa
     ]
 
 
+def spend_statistics(accounts: Iterable[ClientAccount]) -> dict[str, float | int]:
+    """Largest and mean cumulative ε over the registered clients with a finite spend."""
+    spent = [a.epsilon_spent for a in accounts if math.isfinite(a.epsilon_spent)]
+    return {"epsilon_spent_max": max(spent, default=0.0),
+            "epsilon_spent_mean": float(np.mean(spent)) if spent else 0.0,
+            "num_registered": len(spent)}
+
+
 def seeded_sample(node_ids: Iterable[int], size: int, seed: Sequence[int]) -> list[int]:
     """``size`` distinct node ids drawn uniformly with a seeded generator, sorted.
 
@@ -518,7 +526,10 @@ class PrivacyAwareFedAvg(FedAvg):
             "dropped": [self.accounts[n].client_id for n in dropped],
             "bytes_down": self._bytes_down.get(server_round, 0),
             "bytes_up": int(sum(a.nbytes for r in accepted for a in r.arrays)),
-            "epsilon_spent": {a.client_id: a.epsilon_spent for a in self.accounts.values()},
+            # O(sampled) per round: the sampled clients' spend, and statistics over everyone
+            "epsilon_spent": {self.accounts[n].client_id: self.accounts[n].epsilon_spent
+                              for n in sorted(sampled) if n in self.accounts},
+            **spend_statistics(self.accounts.values()),
         })
         return accepted
 

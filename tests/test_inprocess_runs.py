@@ -211,3 +211,19 @@ def test_ledger_survives_restarts_and_a_spent_budget_blocks_training(run_config_
                             nodes, run_id=3)
     assert all(c["rounds_joined"] == [] for c in third["clients"])
     assert all(c["exhausted"] for c in third["clients"])
+
+
+def test_round_rows_hold_the_sampled_clients_and_statistics_over_everyone(run_config_factory):
+    """Round rows stay O(sampled): the sampled clients' ε and max/mean/count over all clients."""
+    cfg = run_config_factory(num_clients=12, fraction_train=0.25, min_train_clients=3, num_server_rounds=2,
+                             max_examples_per_client=64)
+    summary = _run(cfg)
+    rows = [json.loads(x) for x in (Path(cfg["out-dir"]) / "rounds.jsonl").read_text().splitlines()][1:]
+    spent_now: dict[str, float] = {c["client_id"]: 0.0 for c in summary["clients"]}
+    for row in rows:
+        assert sorted(row["epsilon_spent"]) == sorted(row["sampled"]) and len(row["sampled"]) == 3
+        spent_now.update(row["epsilon_spent"])
+        assert row["num_registered"] == 12
+        assert row["epsilon_spent_max"] == pytest.approx(max(spent_now.values()))
+        assert row["epsilon_spent_mean"] == pytest.approx(sum(spent_now.values()) / 12)
+    assert spent_now == pytest.approx({c["client_id"]: c["epsilon_spent"] for c in summary["clients"]})

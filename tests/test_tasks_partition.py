@@ -151,3 +151,17 @@ def test_real_fashion_mnist_shards() -> None:
     for part in parts:
         assert len(part) == 600 and len(np.unique(part.y)) <= 2
         assert part.x.shape == (600, 1, 28, 28)
+
+
+@pytest.mark.parametrize(("size", "n", "seed"), [(60_000, 6_000, 42), (1_003, 7, 3), (50, 50, 0)])
+def test_iid_fast_path_equals_flowers_iid_partitioner(size: int, n: int, seed: int) -> None:
+    """The direct iid slice is exactly Flower's IidPartitioner over the same seeded shuffle."""
+    from tasks.partition import INDEX_COLUMN, _build_partitioner, _Key, labels_fingerprint
+
+    labels = np.random.default_rng(seed).integers(0, 10, size).astype(np.int64)
+    key = _Key(fingerprint=labels_fingerprint(labels), method="iid", num_partitions=n, alpha=0.0,
+               shards_per_client=0, min_partition_size=0, seed=seed)
+    flower = _build_partitioner(labels, key)
+    for pid in sorted({0, 1, n // 2, n - 1}):
+        expected = np.asarray(flower.load_partition(pid)[INDEX_COLUMN].to_numpy(), dtype=np.int64)
+        np.testing.assert_array_equal(partition_indices(labels, n, pid, method="iid", seed=seed), expected)
