@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from flwr.app import (
@@ -137,22 +137,24 @@ def spend_statistics(accounts: Iterable[ClientAccount]) -> dict[str, float | int
             "num_registered": len(spent)}
 
 
-def seeded_sample(node_ids: Iterable[int], size: int, seed: Sequence[int]) -> list[int]:
+def seeded_sample(node_ids: Iterable[int], size: int, seed: Sequence[int],
+                  order: Callable[[int], Any] | None = None) -> list[int]:
     """``size`` distinct node ids drawn uniformly with a seeded generator, sorted.
 
-    Node ids are uint64: indices are drawn with numpy, never the ids themselves (numpy would
+    The draw picks positions in the pool sorted by ``order`` (default: the node id). Node
+    ids are uint64: indices are drawn with numpy, never the ids themselves (numpy would
     turn ids above 2**63 into floats and lose digits).
     """
-    pool = sorted(node_ids)
+    pool = sorted(node_ids, key=order)
     rng = np.random.default_rng(list(seed))
     return sorted(pool[int(i)] for i in rng.choice(len(pool), size=min(size, len(pool)), replace=False))
 
 
-#: Flower's error codes for replies the SuperLink writes itself when the destination node
-#: is gone; such a node is counted as dropped.
 #: Timeout of a handshake that only re-asks nodes that did not answer before.
 RETRY_HANDSHAKE_SECONDS = 10.0
 
+#: Flower's error codes for replies the SuperLink writes itself when the destination node
+#: is gone; such a node is counted as dropped.
 _NODE_GONE_ERRORS = (ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 
@@ -238,6 +240,7 @@ class PrivacyAwareFedAvg(FedAvg):
         self._global_names: list[str] = []
         self._sampled: dict[int, list[int]] = {}
         self._bytes_down: dict[int, int] = {}
+        self._handshake_seconds: dict[int, float] = {}
         self._train_config: ConfigRecord = ConfigRecord()
 
     # ------------------------------------------------------------------ hooks
@@ -407,7 +410,10 @@ class PrivacyAwareFedAvg(FedAvg):
         if not eligible:
             return []
         size = min(len(eligible), max(self.min_train_nodes, int(self.fraction_train * len(eligible))))
-        return seeded_sample(eligible, size, [self.seed, server_round] + ([attempt] if attempt else []))
+        # positions in client-id order: the same seed samples the same clients whatever node ids
+        # the backend gave them (the in-process backend, Ray simulation and a deployment differ)
+        return seeded_sample(eligible, size, [self.seed, server_round] + ([attempt] if attempt else []),
+                             order=lambda n: (len(self.accounts[n].client_id), self.accounts[n].client_id))
 
     # -------------------------------------------------------- configure_train
     def configure_train(
@@ -417,7 +423,9 @@ class PrivacyAwareFedAvg(FedAvg):
         self._global_specs = specs_of(arrays)
         self._global_names = list(arrays.keys())
         nodes = self._wait_for_nodes(grid)
+        started = time.perf_counter()
         self.handshake(grid, nodes)
+        self._handshake_seconds[server_round] = time.perf_counter() - started
         chosen = self.sample(server_round, self.eligible(nodes))
         self._sampled[server_round] = chosen
         skipped = [self.accounts[n].client_id for n in nodes if n in self.accounts and self.accounts[n].exhausted]
@@ -524,6 +532,7 @@ class PrivacyAwareFedAvg(FedAvg):
             "accepted": [r.client_id for r in accepted],
             "rejected": rejected,
             "dropped": [self.accounts[n].client_id for n in dropped],
+            "handshake_seconds": self._handshake_seconds.get(server_round, 0.0),
             "bytes_down": self._bytes_down.get(server_round, 0),
             "bytes_up": int(sum(a.nbytes for r in accepted for a in r.arrays)),
             # O(sampled) per round: the sampled clients' spend, and statistics over everyone

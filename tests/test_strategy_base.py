@@ -74,3 +74,36 @@ def test_constructor_validates_its_domain():
         PrivacyAwareFedAvg(fraction_train=0.0)
     with pytest.raises(ValueError, match="noise_shares"):
         PrivacyAwareFedAvg(noise_shares=0)
+
+
+def test_the_same_seed_samples_the_same_clients_whatever_their_node_ids():
+    """Backends number nodes differently (in-process: consecutive ids; Ray simulation and a
+    deployment: random uint64): sampling follows client ids, so the same clients train."""
+    from tests.fakes import BudgetGrid
+
+    picked = []
+    for node_ids in (list(range(100, 140)), [2**63 + 7919 * k for k in range(40, 0, -1)]):
+        grid = BudgetGrid({n: 5.0 for n in node_ids})
+        names = {n: str(i) for i, n in enumerate(node_ids)}  # client i on whatever node id
+        grid.send_and_receive = _renamed(grid.send_and_receive, names)
+        strategy = PrivacyAwareFedAvg(fraction_train=0.25, min_train_nodes=1, seed=3)
+        strategy.handshake(grid, node_ids)
+        picked.append([sorted(strategy.accounts[n].client_id for n in strategy.sample(r, strategy.eligible(node_ids)))
+                       for r in range(1, 6)])
+    assert picked[0] == picked[1]
+    assert len({tuple(p) for p in picked[0]}) > 1, "rounds draw different clients"
+
+
+def _renamed(send, names):  # noqa: ANN001
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    def wrapped(messages, *, timeout=None):  # noqa: ANN001
+        out = []
+        for reply in send(messages, timeout=timeout):
+            meta = ConfigRecord({keys.CLIENT_ID: names[reply.metadata.src_node_id]})
+            out.append(Message(RecordDict({keys.METRICS: reply.content[keys.METRICS], keys.META: meta}),
+                               reply_to=next(m for m in messages
+                                             if m.metadata.dst_node_id == reply.metadata.src_node_id)))
+        return out
+
+    return wrapped
