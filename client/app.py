@@ -66,7 +66,7 @@ from privacy.randomness import NoiseSource, noise_source
 from strategies import keys
 from strategies.log import route_privet_logs_to_flower
 from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
-from tasks.models import build_model, evaluate, get_weights, set_weights
+from tasks.models import build_model, evaluate, get_weights, resolve_grad_sample_mode, set_weights
 from tasks.partition import client_data
 
 log = logging.getLogger("privet.client")
@@ -258,7 +258,8 @@ def _train_locally(
     ValueError
         On a personalization request the model or data cannot serve.
     """
-    grad_sample_mode = str(cfg.get(keys.GRAD_SAMPLE_MODE, "ghost"))
+    grad_sample_mode = resolve_grad_sample_mode(str(cfg.get(keys.GRAD_SAMPLE_MODE, "auto")),
+                                                str(context.run_config.get("model", "")))
     mode = str(cfg[keys.DP_MODE])
     if cfg.get(keys.PERSONALIZATION, ""):
         return train_personalized(model, data, local, cfg, context, clip=clip, noise_multiplier=noise_multiplier,

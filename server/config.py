@@ -27,12 +27,11 @@ from privacy.randomness import NOISE_SOURCES
 from strategies.fedceo import FedCEOConfig
 from strategies.pfa import PFAConfig
 from strategies.validation import kebab, one_of
-from tasks.models import MODELS
+from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
 
 STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur")
 DP_MODES = ("dpsgd", "update", "none")
-GRAD_SAMPLE_MODES = ("hooks", "ghost", "functorch")
 #: Which DP mode each strategy's clients run when ``dp-mode`` is left at "auto".
 DEFAULT_DP_MODE = {
     "fedavg": "none",
@@ -95,7 +94,7 @@ class RunConfig(BaseModel):
     clip: float = Field(1.0, gt=0.0)
     noise_multiplier: float = Field(0.0, ge=0.0)
     noise_shares: int = Field(1, ge=1)
-    grad_sample_mode: str = "ghost"
+    grad_sample_mode: str = "auto"
     budget_distribution: str = "uniform"
     epsilon: float = Field(3.0, gt=0.0)
     epsilon_min: float = Field(1.0, gt=0.0)

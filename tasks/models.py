@@ -39,6 +39,22 @@ log = logging.getLogger(__name__)
 
 MODELS: Final = ("mlp2", "lenet5", "logreg", "cnn", "cnn2")
 
+#: Opacus' per-sample-gradient modes; ``auto`` takes the fastest measured for the model.
+GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch")
+
+#: The fastest mode per model where it is not ``ghost`` (benchmarks/results/dpsgd_step.md,
+#: batch 64, one thread: ``cnn`` hooks 1.73x a plain step vs ghost 1.96x; every other model
+#: is fastest with ghost clipping, e.g. ``cnn2`` ghost 2.53x vs hooks 10.2x).
+FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks"}
+
+
+def resolve_grad_sample_mode(mode: str, model: str) -> str:
+    """The per-sample-gradient mode to run: ``mode`` itself, or for ``auto`` the fastest
+    measured for ``model`` (:data:`FASTEST_GRAD_SAMPLE_MODE`, else ``ghost``)."""
+    if mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad-sample-mode must be one of {', '.join(GRAD_SAMPLE_MODES)}; found {mode!r}")
+    return FASTEST_GRAD_SAMPLE_MODE.get(model, "ghost") if mode == "auto" else mode
+
 TRAIN_LOSS_KEY: Final = "train-loss"
 LOCAL_STEPS_KEY: Final = "local-steps"
 

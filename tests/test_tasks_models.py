@@ -194,3 +194,15 @@ def test_train_plain_reduces_loss_on_real_fmnist(name: str) -> None:
     loss1, acc1 = evaluate(model, held_out)
     assert metrics[LOCAL_STEPS_KEY] == 3 * 16 and np.isfinite(metrics[TRAIN_LOSS_KEY])
     assert loss1 < 0.75 * loss0 and acc1 > max(0.5, acc0 + 0.3)
+
+
+def test_auto_grad_sample_mode_is_the_fastest_measured_per_model():
+    """``auto`` resolves per model from the step benchmark's table; explicit modes pass through."""
+    from tasks.models import FASTEST_GRAD_SAMPLE_MODE, GRAD_SAMPLE_MODES, MODELS, resolve_grad_sample_mode
+
+    assert set(FASTEST_GRAD_SAMPLE_MODE) <= set(MODELS)
+    assert resolve_grad_sample_mode("auto", "cnn") == "hooks"
+    assert {resolve_grad_sample_mode("auto", m) for m in MODELS if m != "cnn"} == {"ghost"}
+    assert [resolve_grad_sample_mode(m, "cnn") for m in GRAD_SAMPLE_MODES[1:]] == list(GRAD_SAMPLE_MODES[1:])
+    with pytest.raises(ValueError, match="grad-sample-mode must be one of auto, hooks, ghost, functorch"):
+        resolve_grad_sample_mode("fast", "cnn")
