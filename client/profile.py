@@ -11,6 +11,8 @@ that every process computes the same value without coordination.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import sys
 from dataclasses import dataclass
@@ -117,6 +119,14 @@ def _node_int(node_config: UserConfig, key: str) -> int:
     return int(value)
 
 
+@functools.lru_cache(maxsize=16)
+def _all_budgets(distribution: str, num_partitions: int, seed: int, epsilon: float, epsilon_min: float,
+                 epsilon_max: float) -> tuple[float, ...]:
+    """Every simulated client's budget, computed once per run (not once per client: O(n²))."""
+    return tuple(budgets_for(distribution, num_partitions, seed=seed, epsilon=epsilon,
+                             epsilon_min=epsilon_min, epsilon_max=epsilon_max))
+
+
 def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: int) -> float:
     """ε of a simulated client, from the run config's ``budget-distribution``.
 
@@ -128,14 +138,8 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     distribution = str(run_config["budget-distribution"])
     if distribution == NO_BUDGET:
         return math.inf
-    all_budgets = budgets_for(
-        distribution,
-        num_partitions,
-        seed=int(run_config["seed"]),
-        epsilon=float(run_config["epsilon"]),
-        epsilon_min=float(run_config["epsilon-min"]),
-        epsilon_max=float(run_config["epsilon-max"]),
-    )
+    all_budgets = _all_budgets(distribution, num_partitions, int(run_config["seed"]), float(run_config["epsilon"]),
+                               float(run_config["epsilon-min"]), float(run_config["epsilon-max"]))
     strategy = str(run_config.get("strategy", ""))
     if strategy == "minimum":
         return float(min(all_budgets))
