@@ -44,6 +44,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
+from client import group_dp
 from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
 from client.shard_cache import cached_shard, shard_key
@@ -337,6 +338,7 @@ def _train_with_ledger(
         ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
         data, num_classes = _load_local_data(profile, context.run_config)
         server_round = int(cfg[keys.SERVER_ROUND])
+        group = group_dp.GroupMechanism.from_config(cfg) if group_dp.is_group_round(cfg) else None  # GDPFed
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
 
@@ -351,11 +353,17 @@ def _train_with_ledger(
     if mode != keys.DP_NONE and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0 and uncapped:
         return _error(msg, ERROR_CONFIG, f"config-error: client {profile.client_id} has no finite budget "
                       "to calibrate noise from: set 'noise-multiplier' > 0 or give it an 'epsilon'")
-    try:
-        plan = _plan_round(cfg, ledger, context, len(data))
-    except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: remainder too small for any σ
-        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
-    if mode != keys.DP_NONE and ledger.would_exceed(plan.charged_multiplier, plan.sample_rate, plan.steps):
+    group_charge: list[Step] = []
+    if group is not None:  # GDPFed: the group's whole-run mechanism (σ_m, q_m, T), charged once per run
+        group_charge = group_dp.charge_for_run(ledger, group, int(context.run_id))
+        plan = _Plan(group.noise_multiplier, group.noise_multiplier, group.sample_rate, group.rounds)
+    else:
+        try:
+            plan = _plan_round(cfg, ledger, context, len(data))
+        except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: remainder too small for any σ
+            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+    if mode != keys.DP_NONE and (group_charge or group is None) \
+            and ledger.would_exceed(plan.charged_multiplier, plan.sample_rate, plan.steps):
         return _error(
             msg,
             ERROR_BUDGET,
@@ -376,9 +384,13 @@ def _train_with_ledger(
     )
     clip = float(cfg.get(keys.CLIP, 1.0))
     try:
-        train_metrics, steps = _train_locally(model, data, local, cfg, context, profile.partition_id,
-                                              clip=clip, noise_multiplier=plan.noise_multiplier,
-                                              noise=_noise_for(profile, seed))
+        if group is not None:
+            train_metrics = group_dp.train_group_update(model, data, local, group, _noise_for(profile, seed))
+            steps = group_charge
+        else:
+            train_metrics, steps = _train_locally(model, data, local, cfg, context, profile.partition_id,
+                                                  clip=clip, noise_multiplier=plan.noise_multiplier,
+                                                  noise=_noise_for(profile, seed))
         arrays = encode_upload(msg.content, global_weights, get_weights(model))
     except ValueError as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
@@ -401,7 +413,7 @@ def _train_with_ledger(
         keys.NOISE_MULTIPLIER: float(plan.noise_multiplier),
         keys.SAMPLE_RATE: float(plan.sample_rate),
         keys.CLIP: clip,
-        keys.LOCAL_STEPS: float(charged_steps),
+        keys.LOCAL_STEPS: float(group.rounds if group is not None else charged_steps),
     }
     if profile.report_train_metrics:  # data-dependent, outside the guarantee: the operator opted in
         metrics.update({k: float(v) for k, v in train_metrics.items() if k not in metrics})

@@ -25,12 +25,14 @@ from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from privacy.randomness import NOISE_SOURCES
 from strategies.fedceo import FedCEOConfig
+from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
 from strategies.validation import kebab, one_of
 from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
 
 STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur")
+STRATEGIES += tuple(GDPFED_STRATEGIES)  # GDPFed family (paper 003)
 DP_MODES = ("dpsgd", "update", "none")
 #: Which DP mode each strategy's clients run when ``dp-mode`` is left at "auto".
 DEFAULT_DP_MODE = {
@@ -45,6 +47,7 @@ DEFAULT_DP_MODE = {
     "fedceo": "update",
     "ppsgd": "update",
     "centaur": "update",
+    **{name: "update" for name in GDPFED_STRATEGIES},  # GDPFed family: client-level update DP
 }
 
 
@@ -110,6 +113,7 @@ class RunConfig(BaseModel):
     ledger_dir: str = ""
     pfa: PFAConfig = PFAConfig()
     fedceo: FedCEOConfig = FedCEOConfig()
+    gdpfed: GDPFedConfig = GDPFedConfig()
 
     @field_validator(*CHOICES)
     @classmethod
@@ -146,7 +150,27 @@ class RunConfig(BaseModel):
                 "'budget-distribution' = 'none' gives clients no budget to calibrate noise from: "
                 "set 'noise-multiplier' > 0 or choose a budget distribution"
             )
+        self._check_gdpfed()
         return self
+
+    def _check_gdpfed(self) -> None:
+        """GDPFed family in simulation: plan the groups from the simulated budgets now, so an
+        empty group, q_m|G_m| < 1 or an unreachable ε fails at start naming its key."""
+        if self.strategy not in GDPFED_STRATEGIES or self.budget_distribution == "none":
+            return
+        if self.resolved_dp_mode != "update":
+            raise ValueError(f"'dp-mode' must be 'update' (or auto) for '{self.strategy}'")
+        from privacy.budgets import budgets_for
+        from strategies.gdpfed import plan_groups
+
+        budgets = budgets_for(self.budget_distribution, self.num_clients, seed=self.seed, epsilon=self.epsilon,
+                              epsilon_min=self.epsilon_min, epsilon_max=self.epsilon_max)
+        cls = GDPFED_STRATEGIES[self.strategy]
+        if not cls.variant.single_group and min(budgets) < self.gdpfed.group_epsilons[0] * (1 - 1e-9):
+            raise ValueError(f"'gdpfed.group-epsilons': the first threshold {self.gdpfed.group_epsilons[0]:g} is "
+                             f"above the smallest simulated budget {min(budgets):g}; those clients would be refused")
+        plan_groups(cls.variant, self.gdpfed, [(e, self.delta) for e in budgets], self.num_server_rounds,
+                    self.clip, lr=self.learning_rate, local_steps=self.local_epochs)
 
     @property
     def resolved_dp_mode(self) -> str:

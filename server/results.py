@@ -139,7 +139,8 @@ def build_summary(
             "relation": REPLACE_ONE,
             "guarantee_unit": a.guarantee_unit,
             "noise_source": a.noise_source,
-            "guarantee": _guarantee(mode, a, cfg.noise_shares),
+            "guarantee": _guarantee(mode, a, cfg.noise_shares)
+            + (f"; {strategy.guarantee_note}" if getattr(strategy, "guarantee_note", "") else ""),  # GDPFed
             "not_covered": _outside(a),
         })
     personal = [r for r in rounds if r.get("personalized_accuracy") is not None]
@@ -167,6 +168,8 @@ def build_summary(
         "refused": [{"node_id": n, "client_id": r.client_id, "reason": r.reason}
                     for n, r in sorted(strategy.refused.items())],
         "clients": clients,
+        # GDPFed family: the group plan and "aggregation": "trusted aggregator"
+        **({"group_dp": strategy.describe()} if hasattr(strategy, "describe") else {}),
     }
 
 

@@ -456,6 +456,12 @@ class PrivacyAwareFedAvg(FedAvg):
             return [(sigma / math.sqrt(self.noise_shares), 1.0, 1)]
         return [(0.0, 1.0, 1)]
 
+    def server_steps(self, account: ClientAccount, metrics: dict[str, float]) -> list[Step]:
+        """The mechanisms a validated reply adds to this client's server-side history
+        (default: what its reported σ, q and steps imply under the run's DP mode).
+        Strategies whose clients charge a whole-run mechanism once (GDPFed) override it."""
+        return self._server_steps(metrics)
+
     def _check_claimed_epsilon(self, account: ClientAccount, metrics: dict[str, float],
                                steps: list[Step]) -> str | None:
         """The claimed cumulative ε against the server's own recomputation of this run.
@@ -504,7 +510,7 @@ class PrivacyAwareFedAvg(FedAvg):
             reason = validate_train_reply(reply.content, self.expected_specs(server_round, account),
                                           account.declared(), self.expected_release(server_round, account))
             metrics = {k: float(v) for k, v in reply.content[keys.METRICS].items() if not isinstance(v, list)}
-            steps = self._server_steps(metrics) if reason is None else []
+            steps = self.server_steps(account, metrics) if reason is None else []
             reason = reason or self._check_claimed_epsilon(account, metrics, steps)
             if reason:
                 account.rejections.append((server_round, reason))

@@ -93,3 +93,12 @@ PERSONALIZATION_HEAD: Final = "head"  # CENTAUR: shared body, local head
 PERSONALIZATION_SCHEMES: Final = (PERSONALIZATION_ADDITIVE, PERSONALIZATION_HEAD)
 PERSONAL_LR_SCALE: Final = "personal-lr-scale"  # PPSGD's α: v_k steps with α × the lr
 HEAD_EPOCHS: Final = "head-epochs"  # CENTAUR: epochs on the local head before the body
+
+# --- GDPFed / GDPFed+ (appended) ---------------------------------------------------
+# A train request from a GDPFed-family strategy carries the group's whole-run mechanism:
+# σ_m (NOISE_MULTIPLIER), r_m (NOISE_SHARES: the client adds N(0, C²σ_m²/r_m)), q_m and
+# T (NUM_ROUNDS). The client charges (σ_m, q_m, T) to its ledger once per run (first
+# participation) and reports GROUP_SAMPLE_RATE as its SAMPLE_RATE and T as LOCAL_STEPS.
+GROUP_INDEX: Final = "gdpfed-group"  # 1-based group index m
+GROUP_SAMPLE_RATE: Final = "gdpfed-sample-rate"  # q_m; its presence marks a group round
+LR_DECAY: Final = "lr-decay"  # η_t = η·decay^(t−1) per round (1.0: none)

@@ -1,0 +1,102 @@
+"""Per-group noise multipliers σ_m of GDPFed (paper 003), from the project's calibration.
+
+Each group m of GDPFed is one Poisson-subsampled Gaussian mechanism on the group's noisy
+sum of clipped updates: sensitivity C (one client), noise std C·σ_m, each client of G_m
+taking part with probability q_m, T rounds. σ_m is the smallest multiplier for which this
+mechanism is (ε_m, δ)-DP at the client level, with ε_m = min_{i∈G_m} ε_i
+(:func:`privacy.calibration.noise_multiplier_for`, the same accountant that charges the
+ledgers), so every client of the group stays within its own budget.
+
+Two settings:
+
+* :data:`PAPER_SETTINGS` reproduces the paper's Table 5 (notes gdpfed.md §1.4): Opacus'
+  RDP accountant, the add/remove relation, the bisection stopping at ε_target − ε <= 0.01.
+  The unit tests check σ² against Table 5 to 2 decimals.
+* :data:`PROJECT_SETTINGS` (what runs use): RDP under **replace-one**, the relation every
+  ledger charges (a client's example count is public), with the default relative
+  tolerance. σ is then about twice the paper's: replacing a client moves a sum by 2C.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from privacy.accountants import ADD_REMOVE, REPLACE_ONE
+from privacy.calibration import noise_multiplier_for
+
+__all__ = ["CalibrationSettings", "PAPER_SETTINGS", "PROJECT_SETTINGS", "paper_delta", "group_noise_multipliers"]
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How σ_m is searched.
+
+    The accountant, the neighbouring relation, and the absolute ε tolerance (None: the
+    project's relative default).
+    """
+
+    accountant: str = "rdp"
+    relation: str = REPLACE_ONE
+    tolerance: float | None = None
+
+
+#: The paper's experiments (Opacus ``get_noise_multiplier``, ``epsilon_tolerance=0.01``).
+PAPER_SETTINGS = CalibrationSettings("rdp", ADD_REMOVE, 0.01)
+#: What the ledgers charge: replace-one, project tolerance.
+PROJECT_SETTINGS = CalibrationSettings("rdp", REPLACE_ONE, None)
+
+
+def paper_delta(num_clients: int) -> float:
+    """δ = n^-1.1 (the paper's default for n clients), e.g. 6.983e-5 for n = 6000."""
+    if num_clients < 2:
+        raise ValueError(f"num_clients must be >= 2 for delta = n^-1.1; found {num_clients}")
+    return float(num_clients) ** -1.1
+
+
+def group_noise_multipliers(
+    epsilons: Sequence[float],
+    sample_rates: Sequence[float],
+    rounds: int,
+    delta: float,
+    settings: CalibrationSettings = PROJECT_SETTINGS,
+    *,
+    key: str = "gdpfed.group-epsilons",
+) -> list[float]:
+    """σ_m for each group: smallest σ with ε(σ, q_m, T; δ) <= ε_m.
+
+    Parameters
+    ----------
+    epsilons : sequence of float
+        ε_m = min ε of group m, each > 0.
+    sample_rates : sequence of float
+        q_m in (0, 1], one per group.
+    rounds : int
+        T, the number of rounds (one accounting step per round per group).
+    delta : float
+        The shared δ.
+    settings : CalibrationSettings
+        :data:`PROJECT_SETTINGS` (default) or :data:`PAPER_SETTINGS`.
+    key : str
+        Config key named in the error when a budget cannot be reached.
+
+    Raises
+    ------
+    ValueError
+        Naming ``key`` if some ε_m is below what the accountant can certify for any σ, or
+        the lengths differ.
+    """
+    if len(epsilons) != len(sample_rates):
+        raise ValueError(f"'{key}': {len(epsilons)} budgets but {len(sample_rates)} sample rates")
+    out = []
+    for m, (eps, q) in enumerate(zip(epsilons, sample_rates, strict=True)):
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"'{key}': group {m + 1} budget eps={eps!r} must be a finite number > 0")
+        try:
+            out.append(noise_multiplier_for(eps, delta, q, rounds, accountant=settings.accountant,
+                                            tolerance=settings.tolerance, relation=settings.relation))
+        except ValueError as exc:
+            raise ValueError(f"'{key}': group {m + 1} budget eps={eps:g} cannot be reached "
+                             f"(q={q:g}, T={rounds}, delta={delta:.3g}): {exc}") from None
+    return out

@@ -1,0 +1,509 @@
+"""GDPFed / GDPFed+ (Xu, Hu & Kotevska 2025, paper 003) and the baselines it compares with.
+
+Algorithm 1, as this module runs it (notes gdpfed.md §2.4):
+
+    plan (once, after the budget handshake; :func:`plan_groups`):
+        G_m  <- clients grouped by declared ε: the highest threshold of ``group-epsilons`` <= ε_i
+        ε_m  <- min_{i∈G_m} ε_i,  δ_m <- min_{i∈G_m} δ_i
+        q_m  <- q (GDPFed) | Problem 1 (GDPFed-op/+) | ``sample-rates`` if given
+        r_m  <- round(q_m|G_m|) (largest remainder, Σ r_m = round(qn)); q_m <- r_m/|G_m|
+        σ_m  <- smallest σ with ε(σ, q_m, T; δ_m) <= ε_m  (privacy.group_calibration)
+        ω_m  <- (1/Σr)·r_m²/Σ r_j²  (Appendix B.2)
+    for t = 1..T:
+        for each group m:                                  # sample(), node_config()
+            S_m^t <- r_m clients of G_m, uniformly without replacement (CSPRNG, never seeded)
+            each i ∈ S_m^t: τ local SGD steps, clip Δ to C, add N(0, C²σ_m²/r_m)   (client.group_dp)
+            ȳ_m <- Σ_{i∈S_m^t} y_i                          # _group_sum()
+            ỹ_m <- Top_k(ȳ_m, k_m)                          # GDPFed+ only (post-processing)
+        θ^{t+1} <- θ^t + Σ_m ω_m ỹ_m                        # aggregate_models()
+
+Registered variants (notes §2.9, §6): ``dp-fedavg`` (one group at min ε, plain mean),
+``gdpfed`` (q_m = q), ``gdpfed-op`` (Problem 1), ``gdpfed-plus`` (Problem 1 + top-k),
+``idp-fedavg-scale`` (per-group clip C_m, one noise std s = max_m C_m σ_m for all groups,
+so group m's multiplier s/C_m >= σ_m), ``idp-fedavg-sample`` (per-group q_m, one σ =
+max_m σ(ε_m, q_m) for all groups) and ``pfa-groups`` (PFA on the three groups: the
+strictest group's noisy sum is projected onto the top-``pfa-rank`` subspace of the last
+``pfa-history`` noisy sums of the loosest group; the middle group is used as is). PFA's
+projection needs only group *sums*, so it composes with secure aggregation (unlike the
+original PFA, which needs individual public updates).
+
+Aggregation: per-group sums go through :meth:`GDPFedStrategy._group_sum`, a plaintext sum
+today: the server is a **trusted aggregator** (it could see individual uploads), which every
+result declares. Secure aggregation replaces that one method.
+
+Privacy: each client charges (σ_m, q_m, T) once per run (:mod:`client.group_dp`); the server
+verifies σ_m, q_m and T in every reply (``expected_release``) and recomputes the client's ε
+from them (``server_steps``). By parallel composition the run is (max_m ε_m, δ)-DP overall
+and (ε_m, δ)-DP for group m, client level, under two assumptions the report states: only
+group sums are seen, and the sampled set is unknown to the adversary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from privacy.accountants import Step
+from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
+from strategies import keys
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
+from strategies.validation import ExpectedRelease, kebab, one_of
+
+log = logging.getLogger("privet.strategy")
+
+WEIGHTINGS = ("paper", "normalised")
+AGGREGATION = "trusted aggregator"
+TRUST_NOTE = ("assumes the server sees only each group's noisy sum and not who was sampled; this run used a "
+              "trusted aggregator (plaintext per-group sums), so the guarantee holds against other clients "
+              "and observers of the model, and against the server only if it is trusted with individual "
+              "uploads and the sample")
+
+
+class GDPFedConfig(BaseModel):
+    """The ``[tool.flwr.app.config.gdpfed]`` section (keys ``gdpfed.*``).
+
+    Attributes
+    ----------
+    group_epsilons : list of float
+        Lower budget thresholds of the groups, increasing; a client joins the highest group
+        whose threshold is <= its ε (one below the first is refused). Paper FMNIST: 0.5, 1.5, 3.
+    q : float
+        Global sampling ratio q ∈ (0, 1] (Σ_m r_m = round(q·n)).
+    sample_rates : list of float
+        Explicit q_m per group (e.g. Table 1's 0.0069, 0.0189, 0.0342); empty: the variant's
+        rule (q for gdpfed, Problem 1 for gdpfed-op / gdpfed-plus).
+    sparsity : list of float
+        k_m/d per group for gdpfed-plus, each in (0, 1] (one value: all groups).
+    weighting : {"paper", "normalised"}
+        ω_m of Appendix B.2 on the group sum, or the normalised variant (gdpfed_math).
+    lr_decay : float
+        Learning-rate decay per round, η_t = η·decay^(t−1) (paper 0.99; 1: none).
+    idp_clips : list of float
+        Per-group clipping thresholds of idp-fedavg-scale (paper FMNIST 1.15, 1.51, 2.12).
+    idp_sample_rates : list of float
+        Per-group q_m of idp-fedavg-sample (paper FMNIST 0.82 %, 2.80 %, 2.38 %).
+    pfa_rank, pfa_history : int
+        pfa-groups: rank of the public subspace, and how many past public sums span it.
+    """
+
+    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
+
+    group_epsilons: tuple[float, ...] = (0.5, 1.5, 3.0)
+    q: float = Field(0.02, gt=0.0, le=1.0)
+    sample_rates: tuple[float, ...] = ()
+    sparsity: tuple[float, ...] = (0.7, 0.8, 0.9)
+    weighting: str = "paper"
+    lr_decay: float = Field(0.99, gt=0.0, le=1.0)
+    idp_clips: tuple[float, ...] = (1.15, 1.51, 2.12)
+    idp_sample_rates: tuple[float, ...] = (0.0082, 0.0280, 0.0238)
+    pfa_rank: int = Field(1, ge=1)
+    pfa_history: int = Field(5, ge=1)
+
+    @field_validator("weighting")
+    @classmethod
+    def _weighting(cls, v: str) -> str:
+        return one_of("gdpfed.weighting", v, WEIGHTINGS)
+
+    @field_validator("group_epsilons")
+    @classmethod
+    def _thresholds(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or any(not (math.isfinite(e) and e > 0) for e in v) or list(v) != sorted(set(v)):
+            raise ValueError(f"'gdpfed.group-epsilons' must be increasing finite numbers > 0; found {list(v)}")
+        return v
+
+    @field_validator("sparsity")
+    @classmethod
+    def _sparsity(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or any(not (math.isfinite(a) and 0 < a <= 1) for a in v):
+            raise ValueError(f"'gdpfed.sparsity': every k_m/d must be in (0, 1]; found {list(v)}")
+        return v
+
+    @field_validator("sample_rates", "idp_sample_rates")
+    @classmethod
+    def _rates(cls, v: tuple[float, ...], info: Any) -> tuple[float, ...]:
+        if any(not (math.isfinite(q) and 0 < q <= 1) for q in v):
+            raise ValueError(f"'gdpfed.{kebab(info.field_name)}': every q_m must be in (0, 1]; found {list(v)}")
+        return v
+
+    @field_validator("idp_clips")
+    @classmethod
+    def _clips(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not (math.isfinite(c) and c > 0) for c in v):
+            raise ValueError(f"'gdpfed.idp-clips' must be finite numbers > 0; found {list(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "GDPFedConfig":
+        m = len(self.group_epsilons)
+        if self.sample_rates and len(self.sample_rates) != m:
+            raise ValueError(f"'gdpfed.sample-rates' needs one value per group ({m}); found {list(self.sample_rates)}")
+        return self
+
+    def per_group(self, name: str, groups: int) -> list[float]:
+        """``name``'s values, one per group (a single value applies to all); ValueError naming the key."""
+        v = list(getattr(self, name))
+        if len(v) == 1:
+            return v * groups
+        if len(v) != groups:
+            raise ValueError(f"'gdpfed.{kebab(name)}' needs one value per group ({groups}); found {v}")
+        return v
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What distinguishes the registered methods (notes §2.9, §6)."""
+
+    name: str
+    sampling: str = "uniform"  # "uniform" | "optimal" | "idp"
+    noise: str = "group"  # "group" | "common-std" (IDP Scale) | "common-sigma" (IDP Sample)
+    weighting: str | None = None  # None: the config's; "mean": DP-FedAvg's plain mean
+    sparsify: bool = False
+    single_group: bool = False
+    pfa: bool = False
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The per-group mechanism of a run (group index m = 0..M−1, strict to loose)."""
+
+    epsilons: list[float]
+    deltas: list[float]
+    sizes: list[int]
+    sample_rates: list[float]  # q_m = r_m/|G_m| actually used (and charged)
+    requested_rates: list[float]  # q_m before rounding (Problem 1's, Table 1's, or q)
+    counts: list[int]  # r_m
+    sigmas: list[float]  # σ_m of the group sum
+    clips: list[float]  # C_m
+    weights: list[float]  # ω_m on the group sum
+    sparsity: list[float]  # k_m/d (1: none)
+    rounds: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe, for the results' summary."""
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def group_index(epsilon: float, thresholds: Sequence[float]) -> int | None:
+    """The highest m with thresholds[m] <= ε (a 1e-9 relative slack), or None below the first."""
+    below = [m for m, t in enumerate(thresholds) if t <= epsilon * (1 + 1e-9)]
+    return below[-1] if below else None
+
+
+@lru_cache(maxsize=256)
+def _sigmas(epsilons: tuple[float, ...], rates: tuple[float, ...], rounds: int,
+            deltas: tuple[float, ...], key: str) -> tuple[float, ...]:
+    return tuple(group_noise_multipliers([e], [q], rounds, d, PROJECT_SETTINGS, key=key)[0]
+                 for e, q, d in zip(epsilons, rates, deltas))
+
+
+def plan_groups(
+    variant: Variant,
+    params: GDPFedConfig,
+    budgets: Sequence[tuple[float, float]],
+    rounds: int,
+    clip: float,
+    *,
+    lr: float = 0.1,
+    local_steps: int = 5,
+) -> tuple[GroupPlan, list[int]]:
+    """The run's group plan from the declared budgets ``[(ε_i, δ_i)]`` (module docstring).
+
+    Returns the plan and each budget's group index. Raises ValueError naming the config key
+    for an empty group, q_m·|G_m| < 1, or a budget the calibration cannot reach; a budget
+    below the first threshold must have been refused before (ValueError otherwise).
+    """
+    if not budgets:
+        raise ValueError("'gdpfed.group-epsilons': no client to group")
+    if variant.single_group:
+        assign = [0] * len(budgets)
+        m_groups = 1
+    else:
+        idx = [group_index(e, params.group_epsilons) for e, _ in budgets]
+        if any(i is None for i in idx):
+            raise ValueError(f"'gdpfed.group-epsilons': a declared budget is below the first threshold "
+                             f"{params.group_epsilons[0]:g}")
+        assign = [int(i) for i in idx]  # type: ignore[arg-type]
+        m_groups = len(params.group_epsilons)
+    sizes = [assign.count(m) for m in range(m_groups)]
+    for m, size in enumerate(sizes):
+        if size == 0:
+            raise ValueError(f"'gdpfed.group-epsilons': group {m + 1} (eps >= {params.group_epsilons[m]:g}) is "
+                             "empty: no client declared a budget in its range; drop that threshold")
+    eps = [min(e for (e, _), a in zip(budgets, assign) if a == m) for m in range(m_groups)]
+    deltas = [min(d for (_, d), a in zip(budgets, assign) if a == m) for m in range(m_groups)]
+    q = params.q
+    rate_key = "gdpfed.q"
+    if variant.sampling == "idp":
+        requested, rate_key = params.per_group("idp_sample_rates", m_groups), "gdpfed.idp-sample-rates"
+    elif variant.sampling == "optimal" and params.sample_rates:
+        requested, rate_key = list(params.sample_rates), "gdpfed.sample-rates"
+    elif variant.sampling == "optimal":
+        requested = optimal_sampling(sizes, eps, q, min(deltas), rounds, lr=lr, local_steps=local_steps)
+    else:
+        requested = [q] * m_groups
+    counts = round_counts(requested, sizes, key=rate_key)
+    rates = [r / g for r, g in zip(counts, sizes)]
+    sigmas = list(_sigmas(tuple(eps), tuple(rates), rounds, tuple(deltas),
+                          "gdpfed.group-epsilons" if not variant.single_group else "epsilon"))
+    clips = [clip] * m_groups
+    if variant.noise == "common-std":  # IDP Scale: one noise std s for every group
+        clips = params.per_group("idp_clips", m_groups)
+        std = max(c * s for c, s in zip(clips, sigmas))
+        sigmas = [std / c for c in clips]
+    elif variant.noise == "common-sigma":  # IDP Sample: one σ for every group
+        sigmas = [max(sigmas)] * m_groups
+    weights = group_weights(counts, variant.weighting or params.weighting).tolist()
+    if variant.sparsify:
+        sparsity = params.per_group("sparsity", m_groups)
+    else:
+        sparsity = [1.0] * m_groups
+    plan = GroupPlan(eps, deltas, sizes, rates, [float(x) for x in requested], counts, sigmas, clips,
+                     weights, sparsity, rounds)
+    return plan, assign
+
+
+class GDPFedStrategy(PrivacyAwareFedAvg):
+    """Algorithm 1 (module docstring); the variant is a class attribute.
+
+    Parameters
+    ----------
+    params : GDPFedConfig
+        The ``gdpfed.*`` section.
+    Other parameters: see PrivacyAwareFedAvg (``dp_mode`` must be ``"update"``).
+    """
+
+    variant = Variant("gdpfed")
+    aggregation = AGGREGATION
+    guarantee_note = TRUST_NOTE
+
+    def __init__(self, params: GDPFedConfig | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("dp_mode", keys.DP_UPDATE)
+        if kwargs["dp_mode"] != keys.DP_UPDATE:
+            raise ValueError(f"'dp-mode' must be 'update' (or auto) for {self.variant.name}; "
+                             f"found {kwargs['dp_mode']!r}")
+        super().__init__(**kwargs)
+        self.params = params if params is not None else GDPFedConfig()
+        self.plan: GroupPlan | None = None
+        self.group_of: dict[int, int] = {}
+        self._global: list[np.ndarray] = []
+        self._rng = np.random.default_rng(secrets.randbits(128))  # DP randomness: never seeded
+        self._public_sums: deque[np.ndarray] = deque(maxlen=self.params.pfa_history)
+        self._diagnostics: dict[int, dict[str, float]] = {}
+        self._pending_config = ConfigRecord()
+
+    # ------------------------------------------------------------------ plan
+    def refuse_declaration(self, account: ClientAccount) -> str | None:
+        """Refuse a budget below the first group's threshold, or (after the plan) below its
+        group's ε_m (the group's σ_m would exceed that client's budget)."""
+        if self.variant.single_group:
+            if self.plan is not None and account.epsilon_budget < self.plan.epsilons[0] * (1 - 1e-9):
+                return f"eps={account.epsilon_budget:g} is below the run's calibrated eps={self.plan.epsilons[0]:g}"
+            return None
+        m = group_index(account.epsilon_budget, self.params.group_epsilons)
+        if m is None:
+            return (f"eps={account.epsilon_budget:g} is below the first group threshold "
+                    f"{self.params.group_epsilons[0]:g} (gdpfed.group-epsilons)")
+        if self.plan is not None and account.epsilon_budget < self.plan.epsilons[m] * (1 - 1e-9):
+            return f"eps={account.epsilon_budget:g} is below its group's calibrated eps_m={self.plan.epsilons[m]:g}"
+        return None
+
+    def _make_plan(self, rounds: int, clip: float, lr: float, local_steps: int) -> None:
+        accounts = sorted(self.accounts.values(), key=lambda a: a.node_id)
+        plan, assign = plan_groups(self.variant, self.params, [(a.epsilon_budget, a.delta) for a in accounts],
+                                   rounds, clip, lr=lr, local_steps=local_steps)
+        self.plan = plan
+        self.group_of = {a.node_id: m for a, m in zip(accounts, assign)}
+        for m in range(len(plan.sizes)):
+            log.info("%s group %d: |G|=%d eps=%g q=%.4f (asked %.4f) r=%d sigma=%.4f C=%g omega=%.4g k/d=%g",
+                     self.variant.name, m + 1, plan.sizes[m], plan.epsilons[m], plan.sample_rates[m],
+                     plan.requested_rates[m], plan.counts[m], plan.sigmas[m], plan.clips[m], plan.weights[m],
+                     plan.sparsity[m])
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Remember θ^t (the aggregation adds to it), then the base round set-up."""
+        self._global = [np.asarray(a) for a in arrays.to_numpy_ndarrays()]
+        self._pending_config = config
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def sample(self, server_round: int, eligible: list[int], attempt: int = 0) -> list[int]:
+        """S_m^t: r_m clients of each group, uniformly without replacement, from a CSPRNG."""
+        if self.plan is None:
+            cfg = self._pending_config
+            self._make_plan(int(cfg[keys.NUM_ROUNDS]), float(cfg.get(keys.CLIP, 1.0)),
+                            float(cfg.get(keys.LEARNING_RATE, 0.1)), int(cfg.get(keys.LOCAL_EPOCHS, 1)))
+        assert self.plan is not None
+        for node in eligible:  # nodes registered after the plan (deployment): their group
+            if node not in self.group_of:
+                eps = self.accounts[node].epsilon_budget
+                self.group_of[node] = 0 if self.variant.single_group else int(
+                    group_index(eps, self.params.group_epsilons) or 0)
+        chosen: list[int] = []
+        for m, r in enumerate(self.plan.counts):
+            pool = sorted(n for n in eligible if self.group_of.get(n) == m)
+            if len(pool) < r:
+                log.warning("round %d: group %d has %d eligible clients, fewer than r_m=%d", server_round, m + 1,
+                            len(pool), r)
+            picks = self._rng.choice(len(pool), size=min(r, len(pool)), replace=False) if pool else []
+            chosen += [pool[int(i)] for i in picks]
+        return sorted(chosen)
+
+    # -------------------------------------------------------------- messages
+    def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
+        """The group's mechanism (σ_m, r_m, q_m, T, C_m) and the round's decayed η."""
+        assert self.plan is not None
+        m = self.group_of[account.node_id]
+        cfg = ConfigRecord(dict(config))
+        cfg[keys.NOISE_MULTIPLIER] = float(self.plan.sigmas[m])
+        cfg[keys.NOISE_SHARES] = int(self.plan.counts[m])
+        cfg[keys.GROUP_SAMPLE_RATE] = float(self.plan.sample_rates[m])
+        cfg[keys.GROUP_INDEX] = m + 1
+        cfg[keys.CLIP] = float(self.plan.clips[m])
+        cfg[keys.NUM_ROUNDS] = int(self.plan.rounds)
+        cfg[keys.LEARNING_RATE] = lr_at_round(float(config[keys.LEARNING_RATE]), server_round, self.params.lr_decay)
+        return cfg
+
+    def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
+        """σ_m, q_m and T of the client's group: any other claim is rejected."""
+        assert self.plan is not None
+        m = self.group_of[account.node_id]
+        return ExpectedRelease(self.expected_num_examples(account), float(self.plan.sigmas[m]),
+                               float(self.plan.sample_rates[m]), int(self.plan.rounds))
+
+    def server_steps(self, account: ClientAccount, metrics: dict[str, float]) -> list[Step]:
+        """(σ_m, q_m, T) once per run per client (its first accepted reply), as its ledger charges."""
+        if account.server_history:
+            return []
+        assert self.plan is not None
+        m = self.group_of[account.node_id]
+        return [(float(self.plan.sigmas[m]), float(self.plan.sample_rates[m]), int(self.plan.rounds))]
+
+    # ------------------------------------------------------------ aggregation
+    def _group_sum(self, group_replies: Sequence[AcceptedReply]) -> list[np.ndarray]:
+        """ȳ_m = Σ_i (θ_i − θ^t) over one group's uploads: a plaintext sum (trusted aggregator).
+
+        The one place secure aggregation plugs in: it returns the same sum without the server
+        seeing any single upload.
+        """
+        total = [np.zeros(g.shape, np.float64) for g in self._global]
+        for reply in group_replies:
+            for j, (a, g) in enumerate(zip(reply.arrays, self._global)):
+                total[j] += np.asarray(a, np.float64) - g
+        return total
+
+    def post_process(self, server_round: int, m: int, noisy_sum: list[np.ndarray]) -> list[np.ndarray]:
+        """ỹ_m from ȳ_m: top-k (GDPFed+), PFA's projection (pfa-groups), or unchanged."""
+        assert self.plan is not None
+        if self.variant.pfa:
+            return self._pfa(m, noisy_sum)
+        if self.plan.sparsity[m] < 1.0:
+            return sparsify_top_k(noisy_sum, self.plan.sparsity[m])
+        return noisy_sum
+
+    def _pfa(self, m: int, noisy_sum: list[np.ndarray]) -> list[np.ndarray]:
+        assert self.plan is not None
+        top = len(self.plan.sizes) - 1
+        flat = np.concatenate([np.ravel(a) for a in noisy_sum])
+        if m == top:
+            self._public_sums.append(flat)
+            return noisy_sum
+        if m != 0 or len(self._public_sums) < self.params.pfa_rank:
+            return noisy_sum
+        _, _, vt = np.linalg.svd(np.stack(list(self._public_sums)), full_matrices=False)
+        basis = vt[: self.params.pfa_rank]
+        projected = basis.T @ (basis @ flat)
+        out, start = [], 0
+        for a in noisy_sum:
+            out.append(projected[start:start + a.size].reshape(a.shape))
+            start += a.size
+        return out
+
+    def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
+        """θ^{t+1} = θ^t + Σ_m ω_m ỹ_m over the groups that replied."""
+        assert self.plan is not None
+        diag: dict[str, float] = {}
+        step = [np.zeros(g.shape, np.float64) for g in self._global]
+        order = range(len(self.plan.sizes))
+        for m in (reversed(order) if self.variant.pfa else order):  # PFA: the public sum first
+            group = [r for r in replies if self.group_of.get(r.node_id) == m]
+            diag[f"gdpfed-group{m + 1}-accepted"] = float(len(group))
+            if not group:
+                continue
+            y = self.post_process(server_round, m, self._group_sum(group))
+            for j, a in enumerate(y):
+                step[j] += self.plan.weights[m] * a
+        self._diagnostics[server_round] = diag
+        return [(g.astype(np.float64) + s).astype(g.dtype) for g, s in zip(self._global, step)]
+
+    def round_metrics(self, server_round: int) -> dict[str, float]:
+        """Accepted replies per group."""
+        return self._diagnostics.pop(server_round, {})
+
+    def summary(self) -> None:
+        super().summary()
+        log.info("%s: %s; aggregation: %s", self.variant.name, self.params.model_dump(by_alias=True), AGGREGATION)
+
+    def describe(self) -> dict[str, Any]:
+        """What results.summary.json records about the groups."""
+        return {"variant": self.variant.name, "aggregation": AGGREGATION,
+                "plan": self.plan.as_dict() if self.plan is not None else None}
+
+
+class DPFedAvg(GDPFedStrategy):
+    """Algorithm 2: one group, σ from the strictest ε, sampling q, plain mean of the noisy sum."""
+
+    variant = Variant("dp-fedavg", weighting="mean", single_group=True)
+
+
+class GDPFed(GDPFedStrategy):
+    """GDPFed: per-group σ_m at q_m = q, ω_m reweighting, no sparsification."""
+
+    variant = Variant("gdpfed")
+
+
+class GDPFedOp(GDPFedStrategy):
+    """GDPFed-op: GDPFed with Problem 1's q_m."""
+
+    variant = Variant("gdpfed-op", sampling="optimal")
+
+
+class GDPFedPlus(GDPFedStrategy):
+    """GDPFed+: Problem 1's q_m and per-group magnitude top-k of the noisy sums."""
+
+    variant = Variant("gdpfed-plus", sampling="optimal", sparsify=True)
+
+
+class IDPFedAvgScale(GDPFedStrategy):
+    """IDP-FedAvg, Scale: per-group clip C_m, one noise std for all groups."""
+
+    variant = Variant("idp-fedavg-scale", noise="common-std")
+
+
+class IDPFedAvgSample(GDPFedStrategy):
+    """IDP-FedAvg, Sample: per-group q_m, one σ for all groups."""
+
+    variant = Variant("idp-fedavg-sample", sampling="idp", noise="common-sigma")
+
+
+class PFAGroups(GDPFedStrategy):
+    """PFA on the three groups, on group sums only (module docstring)."""
+
+    variant = Variant("pfa-groups", pfa=True)
+
+
+GDPFED_STRATEGIES: dict[str, type[GDPFedStrategy]] = {
+    cls.variant.name: cls
+    for cls in (DPFedAvg, GDPFed, GDPFedOp, GDPFedPlus, IDPFedAvgScale, IDPFedAvgSample, PFAGroups)
+}
