@@ -93,3 +93,18 @@ PERSONALIZATION_HEAD: Final = "head"  # CENTAUR: shared body, local head
 PERSONALIZATION_SCHEMES: Final = (PERSONALIZATION_ADDITIVE, PERSONALIZATION_HEAD)
 PERSONAL_LR_SCALE: Final = "personal-lr-scale"  # PPSGD's α: v_k steps with α × the lr
 HEAD_EPOCHS: Final = "head-epochs"  # CENTAUR: epochs on the local head before the body
+
+# >>> DP-FedC (issue 14): train-config keys of the clustering task >>>
+DPFEDC_K: Final = "dpfedc-k"  # number of clusters
+DPFEDC_RHO: Final = "dpfedc-rho"
+DPFEDC_MU_H: Final = "dpfedc-mu-h"
+DPFEDC_Q1: Final = "dpfedc-q1"  # H steps per round
+DPFEDC_Q2: Final = "dpfedc-q2"  # W steps per round (0: floor(q_hat/t)+1)
+DPFEDC_Q_HAT: Final = "dpfedc-q-hat"
+DPFEDC_H_STEP: Final = "dpfedc-h-step"  # "safe" | "paper"
+DPFEDC_ALPHA2: Final = "dpfedc-alpha2"
+DPFEDC_CALIBRATION: Final = "dpfedc-calibration"  # "rigorous" | "paper" | "none"
+DPFEDC_EPSILON_BAR: Final = "dpfedc-epsilon-bar"  # the paper's nominal total epsilon
+DPFEDC_GRAD_CLIP: Final = "dpfedc-grad-clip"  # G, per-minibatch gradient bound (0: none)
+DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
+# <<< DP-FedC <<<
