@@ -144,12 +144,13 @@ def params_from(cfg: ConfigRecord) -> ClusteringParams:
 def load_client_data(run_config: dict, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
     """X_i (m × n_i) of this partition: the dataset named by ``dpfedc.dataset`` split with
     ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner)."""
+    from strategies.dpfedc import DPFedCConfig
     from tasks.clustering import load_clustering_data, split
 
-    data = load_clustering_data(str(run_config.get("dpfedc.dataset", "mnist")),
-                                str(run_config.get("dpfedc.data-dir", "")) or None,
-                                int(run_config.get("dpfedc.num-samples", 10_000)), int(run_config.get("seed", 0)))
-    parts = split(data.y, num_partitions, str(run_config.get("dpfedc.split", "iid")), int(run_config.get("seed", 0)))
+    d = DPFedCConfig.from_run_config(run_config)
+    seed = int(run_config.get("seed", 0))
+    data = load_clustering_data(d.dataset, d.data_dir or None, d.num_samples, seed)
+    parts = split(data.y, num_partitions, d.split, seed)
     return check_data(data.x[parts[partition_id]].T, k, name=f"client {partition_id}'s data")
 
 
@@ -196,8 +197,10 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
         if not math.isfinite(grad_clip):
             return _error(msg, ERROR_CONFIG, "config-error: the paper calibration needs dpfedc.grad-clip (G) > 0")
     else:
+        planned = int(cfg.get(keys.DPFEDC_PLANNED_ROUNDS, 0)) or int(cfg[keys.NUM_ROUNDS])
         try:
-            plan = _plan_round(cfg, ledger, context, n)
+            plan = _plan_round(ConfigRecord({**dict(cfg), keys.NUM_ROUNDS: planned, keys.NOISE_SHARES: 1}),
+                               ledger, context, n)
         except (PrivacyBudgetExhausted, ValueError) as exc:
             return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
         charged = plan.charged_multiplier

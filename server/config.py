@@ -24,13 +24,15 @@ from pydantic import (
 from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from privacy.randomness import NOISE_SOURCES
+from strategies.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
 from strategies.fedceo import FedCEOConfig
 from strategies.pfa import PFAConfig
 from strategies.validation import kebab, one_of
 from tasks.models import MODELS
 from tasks.partition import PARTITIONERS
 
-STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur")
+STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur",
+              "dpfedc")  # DP-FedC (issue 14)
 DP_MODES = ("dpsgd", "update", "none")
 GRAD_SAMPLE_MODES = ("hooks", "ghost", "functorch")
 #: Which DP mode each strategy's clients run when ``dp-mode`` is left at "auto".
@@ -46,6 +48,7 @@ DEFAULT_DP_MODE = {
     "fedceo": "update",
     "ppsgd": "update",
     "centaur": "update",
+    "dpfedc": "update",  # DP-FedC: clipped centroid updates + Gaussian noise (privacy.centroid_noise)
 }
 
 
@@ -111,6 +114,7 @@ class RunConfig(BaseModel):
     ledger_dir: str = ""
     pfa: PFAConfig = PFAConfig()
     fedceo: FedCEOConfig = FedCEOConfig()
+    dpfedc: DPFedCConfig = DPFedCConfig()  # DP-FedC (issue 14)
 
     @field_validator(*CHOICES)
     @classmethod
@@ -142,7 +146,9 @@ class RunConfig(BaseModel):
                 "'dp-mode' = 'none' trains without privacy, which clients with a finite budget "
                 "refuse: also set 'budget-distribution' = 'none'"
             )
-        if self.resolved_dp_mode != "none" and self.budget_distribution == "none" and self.noise_multiplier == 0:
+        paper_dpfedc = self.strategy == "dpfedc" and self.dpfedc.calibration == "paper"  # noise from eps-bar
+        if self.resolved_dp_mode != "none" and self.budget_distribution == "none" and self.noise_multiplier == 0 \
+                and not paper_dpfedc:
             raise ValueError(
                 "'budget-distribution' = 'none' gives clients no budget to calibrate noise from: "
                 "set 'noise-multiplier' > 0 or choose a budget distribution"

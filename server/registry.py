@@ -10,6 +10,7 @@ from server.config import RunConfig
 from strategies import keys
 from strategies.base import PrivacyAwareFedAvg
 from strategies.baselines import FedAvgHDP, MaximumBudget, MinimumBudget, UDPFedAvg
+from strategies.dpfedc import DPFedC, strategy_params as dpfedc_params
 from strategies.fedceo import FedCEO
 from strategies.pfa import PFA, PFAPlus, WeiAvg
 from strategies.personalized import CENTAUR, PPSGD
@@ -29,6 +30,7 @@ STRATEGY_CLASSES: dict[str, StrategyFactory] = {
     "fedceo": FedCEO,
     "ppsgd": PPSGD,
     "centaur": CENTAUR,
+    "dpfedc": DPFedC,
 }
 
 #: name -> the strategy's own keyword arguments, from its run-config section.
@@ -36,6 +38,7 @@ STRATEGY_PARAMS: dict[str, Callable[[RunConfig], dict]] = {
     "pfa": lambda cfg: {"params": cfg.pfa},
     "pfa-plus": lambda cfg: {"params": cfg.pfa},
     "fedceo": lambda cfg: {"params": cfg.fedceo},
+    "dpfedc": dpfedc_params,
 }
 
 

@@ -107,4 +107,5 @@ DPFEDC_CALIBRATION: Final = "dpfedc-calibration"  # "rigorous" | "paper" | "none
 DPFEDC_EPSILON_BAR: Final = "dpfedc-epsilon-bar"  # the paper's nominal total epsilon
 DPFEDC_GRAD_CLIP: Final = "dpfedc-grad-clip"  # G, per-minibatch gradient bound (0: none)
 DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
+DPFEDC_PLANNED_ROUNDS: Final = "dpfedc-planned-rounds"  # rounds a rigorous client plans its noise for (0: all)
 # <<< DP-FedC <<<

@@ -386,10 +386,10 @@ def load_clustering_data(name: str, data_dir: str | None = None, num_samples: in
 
         splits = load_dataset("fashion-mnist", data_dir)
         x = np.asarray(splits.train.x, np.float64).reshape(len(splits.train.y), -1)
-        if x.max() > 1.5:
-            x = x / 255.0
-        elif x.min() < 0:  # normalised: undo to [0, 1]
+        if x.min() < 0:  # standardised by the loader: back to [0, 1] (an affine map)
             x = (x - x.min()) / (x.max() - x.min())
+        elif x.max() > 2.5:  # raw 0..255
+            x = x / 255.0
         data = ClusteringData(x, np.asarray(splits.train.y, np.int64), "fashion-mnist")
     else:
         raise ValueError(f"dataset for clustering must be one of {CLUSTERING_DATASETS}; found {name!r}")
