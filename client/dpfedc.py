@@ -220,12 +220,12 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
     if stale:
         return _error(msg, keys_error_stale(), stale)
     before = ledger.spent()
-    if mode != keys.DP_NONE:
-        try:
-            ledger.record(charged, 1.0, 1, server_round=server_round, run_id=int(context.run_id), mode=keys.DP_UPDATE)
-        except PrivacyBudgetExhausted as exc:
-            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
-        store_ledger(ledger, profile, context)
+    try:  # a non-private round is charged (0, 1, 1): eps = inf, as in client.app
+        ledger.record(charged, 1.0, 1, server_round=server_round, run_id=int(context.run_id),
+                      mode=keys.DP_UPDATE if mode != keys.DP_NONE else keys.DP_NONE)
+    except PrivacyBudgetExhausted as exc:
+        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+    store_ledger(ledger, profile, context)
     store_memberships(context, path, result.memberships)  # H_i stays here, never in the reply
     metrics: dict[str, float | int] = {
         keys.NUM_EXAMPLES: int(n),
