@@ -147,6 +147,13 @@ class RunConfig(BaseModel):
                 "refuse: also set 'budget-distribution' = 'none'"
             )
         paper_dpfedc = self.strategy == "dpfedc" and self.dpfedc.calibration == "paper"  # noise from eps-bar
+        if self.strategy == "dpfedc":  # DP-FedC (issue 14)
+            if (self.dpfedc.calibration == "none") != (self.resolved_dp_mode == "none"):
+                raise ValueError("'dpfedc.calibration' = 'none' goes with 'dp-mode' = 'none' (and "
+                                 "'budget-distribution' = 'none'); a private run needs 'rigorous' or 'paper'")
+            if paper_dpfedc and not self.dpfedc.grad_clip > 0:
+                raise ValueError("'dpfedc.calibration' = 'paper' needs 'dpfedc.grad-clip' (G) > 0: eq. (29) "
+                                 "assumes every minibatch gradient is bounded by G")
         if self.resolved_dp_mode != "none" and self.budget_distribution == "none" and self.noise_multiplier == 0 \
                 and not paper_dpfedc:
             raise ValueError(

@@ -197,7 +197,8 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
 @pytest.mark.parametrize("key,value,words", [
     ("dpfedc.q1", 0, "dpfedc.q1"), ("dpfedc.calibration", "magic", "rigorous, paper, none"),
     ("dpfedc.split", "x", "iid, two-digits"), ("dpfedc.epsilon-bar", -1, "dpfedc.epsilon-bar"),
-    ("delta", 2.0, "delta"), ("dpfedc.k", 0, "dpfedc.k"),
+    ("delta", 2.0, "delta"), ("dpfedc.k", 0, "dpfedc.k"), ("dpfedc.calibration", "paper", "grad-clip"),
+    ("dpfedc.calibration", "none", "dp-mode"),
 ])
 def test_config_errors_name_the_key(run_config_factory, key, value, words):
     from server.config import ConfigError, RunConfig
