@@ -16,12 +16,20 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 
 from privacy.centroid_noise import (
     Release,
@@ -163,8 +171,17 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
     ``(z, 1, 1)`` release (mode ``update``: it bounds the whole local data set's influence),
     keeps H_i and answers with W̃_i and covered metrics only.
     """
-    from client.app import (ERROR_BUDGET, ERROR_CONFIG, _error, _meta, _noise_for, _plan_round,
-                            _privacy_metrics, _client_seed, _stale)
+    from client.app import (
+        ERROR_BUDGET,
+        ERROR_CONFIG,
+        _client_seed,
+        _error,
+        _meta,
+        _noise_for,
+        _plan_round,
+        _privacy_metrics,
+        _stale,
+    )
     from client.ledger_store import load_ledger, store_ledger
     from privacy.accountants import DEFAULT_ACCOUNTANT
     from privacy.exceptions import PrivacyBudgetExhausted

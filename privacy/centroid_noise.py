@@ -32,8 +32,8 @@ data-dependent figure) as public, and the reports say so.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -23,29 +23,34 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from privacy.centroid_noise import paper_noise_multiplier, paper_round_epsilon
+from privacy.centroid_noise import (
+    CALIBRATIONS,
+    paper_noise_multiplier,
+    paper_round_epsilon,
+)
 from strategies import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
 from strategies.validation import ExpectedRelease, kebab, one_of
 from tasks.clustering import (
+    CLUSTERING_DATASETS,
+    H_STEPS,
+    SPLITS,
     ClusteringParams,
-    clustering_accuracy,
     cluster_labels,
+    clustering_accuracy,
     h_phase,
     initial_memberships,
     local_objective,
     nmi,
     objective,
 )
-from privacy.centroid_noise import CALIBRATIONS
-from tasks.clustering import CLUSTERING_DATASETS, H_STEPS, SPLITS
 
 log = logging.getLogger("privet.strategy")
 
@@ -86,7 +91,7 @@ class DPFedCConfig(BaseModel):
     planned_rounds: int = Field(0, ge=0)
 
     @classmethod
-    def from_run_config(cls, run_config: dict) -> "DPFedCConfig":
+    def from_run_config(cls, run_config: dict) -> DPFedCConfig:
         """The section from Flower's flat run config (``dpfedc.*`` keys; absent = defaults)."""
         return cls.model_validate({k.split(".", 1)[1]: v for k, v in run_config.items() if k.startswith("dpfedc.")})
 

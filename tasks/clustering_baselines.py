@@ -22,7 +22,7 @@ rigorous ε covers the values, not the selection.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -89,7 +89,7 @@ def test_h_phase_descends_and_stays_non_negative(h_step):
         h = h_phase(x, w, h, p, steps=1)
         assert h.min() >= 0
         values.append(local_objective(x, w, h, p))
-    assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
+    assert all(b <= a + 1e-9 for a, b in itertools.pairwise(values))
 
 
 def test_h_phase_is_column_separable():
@@ -233,7 +233,8 @@ def _run(cfg, hook=None):
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     summary = run_experiment(grid, cfg, run_id=1)
-    rounds = [json.loads(x) for x in open(f"{cfg['out-dir']}/rounds.jsonl").read().splitlines()]
+    with open(f"{cfg['out-dir']}/rounds.jsonl") as fh:
+        rounds = [json.loads(x) for x in fh.read().splitlines()]
     return summary, rounds, grid
 
 
@@ -271,7 +272,7 @@ def test_a_reply_with_a_wrongly_shaped_w_is_dropped(run_config_factory, tmp_path
         return reply
 
     cfg = _dpfedc_config(run_config_factory, tmp_path, **{"num-server-rounds": 1})
-    summary, rounds, _ = _run(cfg, tamper)
+    summary, _, _ = _run(cfg, tamper)
     reasons = [r["reason"] for c in summary["clients"] for r in c["rejections"]]
     assert reasons and all("shape" in why for why in reasons)
 

@@ -28,10 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from client.dpfedc import RoundPrivacy, client_round
-from privacy.centroid_noise import paper_noise_multiplier, paper_round_epsilon, rigorous_epsilon, rigorous_noise_multiplier
+from privacy.centroid_noise import (
+    paper_noise_multiplier,
+    paper_round_epsilon,
+    rigorous_epsilon,
+    rigorous_noise_multiplier,
+)
 from privacy.randomness import noise_source
 from strategies.dpfedc import schedule, simulate
-from tasks.clustering import ClusteringParams, initial_memberships, initial_point, load_clustering_data, paper_params, split, w_phase
+from tasks.clustering import (
+    initial_memberships,
+    initial_point,
+    load_clustering_data,
+    paper_params,
+    split,
+)
 from tasks.clustering_baselines import RUNNERS, clip_records, evaluate
 
 OUT = Path(__file__).parent
@@ -116,9 +127,9 @@ def table(runs: int = 5) -> None:
             for r in range(runs):
                 w0 = initial_point(784, 10, r)
                 if name == "DP-FedC":
-                    acc, obj, nm, e = run_dpfedc(xs, ys, w0, params, r, mode, g, c)
+                    acc, _, nm, e = run_dpfedc(xs, ys, w0, params, r, mode, g, c)
                 else:
-                    acc, obj, nm, e = run_baseline(name, xs, ys, w0, r, mode, params)
+                    acc, _, nm, e = run_baseline(name, xs, ys, w0, r, mode, params)
                 finals.append(acc[-1]), nmis.append(nm[-1]), epss.append(e)
             rows["results"][f"{name}/{mode}"] = {"accuracy": finals, "nmi": nmis, "rigorous_epsilon": epss,
                                                  "seconds": time.perf_counter() - t0}
