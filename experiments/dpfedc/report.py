@@ -47,7 +47,7 @@ def main() -> None:
         print("| " + " | ".join(row) + " |")
     print("\n11.3 % is every sample in one cluster. The rigorous eps is replace-one (PRV accountant) over the "
           "most-sampled client's participations; for DK++ and DKM it covers the released values, not their "
-          "data-dependent choice of points. '-': not finished by the deadline.")
+          "data-dependent choice of points.")
 
 
 if __name__ == "__main__":
