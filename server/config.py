@@ -24,6 +24,7 @@ from pydantic import (
 from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from privacy.randomness import NOISE_SOURCES
+from strategies.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
 from strategies.fedceo import FedCEOConfig
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
@@ -33,6 +34,7 @@ from tasks.partition import PARTITIONERS
 
 STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur")
 STRATEGIES += tuple(GDPFED_STRATEGIES)  # GDPFed family (paper 003)
+STRATEGIES += ("dpfedc",)  # DP-FedC (issue 14)
 DP_MODES = ("dpsgd", "update", "none")
 #: Which DP mode each strategy's clients run when ``dp-mode`` is left at "auto".
 DEFAULT_DP_MODE = {
@@ -48,6 +50,7 @@ DEFAULT_DP_MODE = {
     "ppsgd": "update",
     "centaur": "update",
     **{name: "update" for name in GDPFED_STRATEGIES},  # GDPFed family: client-level update DP
+    "dpfedc": "update",  # DP-FedC: clipped centroid updates + Gaussian noise (privacy.centroid_noise)
 }
 
 
@@ -114,6 +117,7 @@ class RunConfig(BaseModel):
     pfa: PFAConfig = PFAConfig()
     fedceo: FedCEOConfig = FedCEOConfig()
     gdpfed: GDPFedConfig = GDPFedConfig()
+    dpfedc: DPFedCConfig = DPFedCConfig()  # DP-FedC (issue 14)
 
     @field_validator(*CHOICES)
     @classmethod
@@ -145,7 +149,16 @@ class RunConfig(BaseModel):
                 "'dp-mode' = 'none' trains without privacy, which clients with a finite budget "
                 "refuse: also set 'budget-distribution' = 'none'"
             )
-        if self.resolved_dp_mode != "none" and self.budget_distribution == "none" and self.noise_multiplier == 0:
+        paper_dpfedc = self.strategy == "dpfedc" and self.dpfedc.calibration == "paper"  # noise from eps-bar
+        if self.strategy == "dpfedc":  # DP-FedC (issue 14)
+            if (self.dpfedc.calibration == "none") != (self.resolved_dp_mode == "none"):
+                raise ValueError("'dpfedc.calibration' = 'none' goes with 'dp-mode' = 'none' (and "
+                                 "'budget-distribution' = 'none'); a private run needs 'rigorous' or 'paper'")
+            if paper_dpfedc and not self.dpfedc.grad_clip > 0:
+                raise ValueError("'dpfedc.calibration' = 'paper' needs 'dpfedc.grad-clip' (G) > 0: eq. (29) "
+                                 "assumes every minibatch gradient is bounded by G")
+        if self.resolved_dp_mode != "none" and self.budget_distribution == "none" and self.noise_multiplier == 0 \
+                and not paper_dpfedc:
             raise ValueError(
                 "'budget-distribution' = 'none' gives clients no budget to calibrate noise from: "
                 "set 'noise-multiplier' > 0 or choose a budget distribution"

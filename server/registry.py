@@ -10,6 +10,7 @@ from server.config import RunConfig
 from strategies import keys
 from strategies.base import PrivacyAwareFedAvg
 from strategies.baselines import FedAvgHDP, MaximumBudget, MinimumBudget, UDPFedAvg
+from strategies.dpfedc import DPFedC, strategy_params as dpfedc_params
 from strategies.fedceo import FedCEO
 from strategies.gdpfed import GDPFED_STRATEGIES
 from strategies.pfa import PFA, PFAPlus, WeiAvg
@@ -31,6 +32,7 @@ STRATEGY_CLASSES: dict[str, StrategyFactory] = {
     "ppsgd": PPSGD,
     "centaur": CENTAUR,
     **GDPFED_STRATEGIES,  # dp-fedavg, gdpfed, gdpfed-op, gdpfed-plus, idp-fedavg-*, pfa-groups
+    "dpfedc": DPFedC,
 }
 
 #: name -> the strategy's own keyword arguments, from its run-config section.
@@ -39,6 +41,7 @@ STRATEGY_PARAMS: dict[str, Callable[[RunConfig], dict]] = {
     "pfa-plus": lambda cfg: {"params": cfg.pfa},
     "fedceo": lambda cfg: {"params": cfg.fedceo},
     **{name: (lambda cfg: {"params": cfg.gdpfed}) for name in GDPFED_STRATEGIES},
+    "dpfedc": dpfedc_params,
 }
 
 

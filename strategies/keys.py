@@ -102,3 +102,18 @@ HEAD_EPOCHS: Final = "head-epochs"  # CENTAUR: epochs on the local head before t
 GROUP_INDEX: Final = "gdpfed-group"  # 1-based group index m
 GROUP_SAMPLE_RATE: Final = "gdpfed-sample-rate"  # q_m; its presence marks a group round
 LR_DECAY: Final = "lr-decay"  # η_t = η·decay^(t−1) per round (1.0: none)
+# >>> DP-FedC (issue 14): train-config keys of the clustering task >>>
+DPFEDC_K: Final = "dpfedc-k"  # number of clusters
+DPFEDC_RHO: Final = "dpfedc-rho"
+DPFEDC_MU_H: Final = "dpfedc-mu-h"
+DPFEDC_Q1: Final = "dpfedc-q1"  # H steps per round
+DPFEDC_Q2: Final = "dpfedc-q2"  # W steps per round (0: floor(q_hat/t)+1)
+DPFEDC_Q_HAT: Final = "dpfedc-q-hat"
+DPFEDC_H_STEP: Final = "dpfedc-h-step"  # "safe" | "paper"
+DPFEDC_ALPHA2: Final = "dpfedc-alpha2"
+DPFEDC_CALIBRATION: Final = "dpfedc-calibration"  # "rigorous" | "paper" | "none"
+DPFEDC_EPSILON_BAR: Final = "dpfedc-epsilon-bar"  # the paper's nominal total epsilon
+DPFEDC_GRAD_CLIP: Final = "dpfedc-grad-clip"  # G, per-minibatch gradient bound (0: none)
+DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
+DPFEDC_PLANNED_ROUNDS: Final = "dpfedc-planned-rounds"  # rounds a rigorous client plans its noise for (0: all)
+# <<< DP-FedC <<<

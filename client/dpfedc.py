@@ -1,0 +1,269 @@
+"""DP-FedC's client: one round of Algorithm 1 on a client's private (X_i, H_i).
+
+:func:`client_round` is the mathematics (shared by the Flower client below and the numpy
+reproduction in ``experiments/dpfedc``): Q₁ projected-gradient steps on H_i with the
+broadcast W fixed (eq. 17), Q₂ᵗ minibatch SGD steps on a local copy of W with H_i fixed
+(eq. 18), then the privatised upload W̃_i (eq. 19; :mod:`privacy.centroid_noise`).
+
+:func:`train_dpfedc` is the Flower train handler's body (called by ``client.app.train``
+under the ledger lock). H_i never leaves the client: it is kept in the node's
+``context.state`` and, because a deployed SuperNode may start a new process for every
+message, also in a node-local file keyed by the run id (:func:`memberships_path`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+
+from privacy.centroid_noise import (
+    Release,
+    paper_noise_multiplier,
+    paper_round_epsilon,
+    privatize_centroids,
+)
+from privacy.randomness import NoiseSource
+from strategies import keys
+from tasks.clustering import (
+    ClusteringParams,
+    check_centroids,
+    check_data,
+    h_phase,
+    initial_memberships,
+    w_phase,
+)
+
+log = logging.getLogger("privet.client")
+
+#: ``context.state`` key of this client's H_i.
+STATE_KEY = "dpfedc.memberships"
+
+
+@dataclass(frozen=True)
+class RoundPrivacy:
+    """How the round's upload is privatised (:mod:`privacy.centroid_noise`).
+
+    mode : ``"rigorous"`` (clip the update to ``clip`` = C, noise z·C), ``"paper"`` (eq. 29
+        with per-round ε ``paper_epsilon``; C = Q₂G/η), or ``"none"``.
+    grad_clip : G, the per-minibatch gradient bound (inf: none; the paper mode needs it).
+    """
+
+    mode: str = "none"
+    clip: float = math.inf
+    grad_clip: float = math.inf
+    noise_multiplier: float = 0.0
+    paper_epsilon: float = 0.0
+    delta: float = 1e-4
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    upload: np.ndarray  # W̃_i (sampled clients send this, nothing else that depends on data)
+    memberships: np.ndarray  # H_i^t, kept by the client
+    release: Release | None
+    eta: float
+    q2: int
+    sample_ratio: float  # q_{i,t} = Q₂ᵗ b / n_i (the paper's data-sampling ratio)
+
+
+def client_round(x: np.ndarray, h: np.ndarray, w: np.ndarray, t: int, params: ClusteringParams,
+                 privacy: RoundPrivacy, uniform: Callable[[int], np.ndarray],
+                 noise: NoiseSource | None, upload: bool = True) -> RoundResult:
+    """Lines 8-22 of Algorithm 1 for one client (notes §3.2).
+
+    x : X_i (m × n_i); h : H_i^{t−1} (k × n_i); w : the broadcast W^t (m × k); t >= 1.
+    ``uniform`` draws the minibatches (not DP randomness); ``noise`` the Gaussian ξ_i.
+    ``upload=False``: an unsampled client (Algorithm 1 still updates its H_i).
+    """
+    h = h_phase(x, w, h, params)                                # eq. (17), Q₁ steps
+    q2 = params.w_steps(t)                                      # Q₂ᵗ
+    w_local, eta = w_phase(x, w, h, params, q2, uniform, privacy.grad_clip)   # eq. (18)
+    ratio = q2 * min(params.batch, x.shape[1]) / x.shape[1]
+    if not upload:
+        return RoundResult(w_local, h, None, eta, q2, ratio)
+    if privacy.mode == "rigorous":
+        release = privatize_centroids(w, w_local, privacy.clip, privacy.noise_multiplier, noise)
+    elif privacy.mode == "paper":
+        z = paper_noise_multiplier(privacy.paper_epsilon, privacy.delta, ratio)
+        release = privatize_centroids(w, w_local, q2 * privacy.grad_clip / eta, z, noise)  # eq. (19), (29)
+    else:
+        release = None
+    return RoundResult(release.centroids if release else w_local, h, release, eta, q2, ratio)
+
+
+# ----------------------------------------------------------------------------- H_i storage
+def memberships_path(folder: str | None, client_id: str, run_id: int) -> Path | None:
+    """Node-local file of H_i for this run (``None``: no folder, ``context.state`` only)."""
+    if not folder:
+        return None
+    return Path(folder) / f"dpfedc-H-{client_id}-run{run_id}.npy"
+
+
+def load_memberships(context: Context, path: Path | None, k: int, n: int, seed: int) -> np.ndarray:
+    """H_i of the previous round (``context.state``, else the node-local file, else H_i⁰)."""
+    rec = context.state.get(STATE_KEY)
+    if isinstance(rec, ArrayRecord) and "h" in rec:
+        h = rec["h"].numpy()
+        if h.shape == (k, n):
+            return h
+    if path is not None and path.is_file():
+        h = np.load(path)
+        if h.shape == (k, n):
+            return h
+    return initial_memberships(n, k, seed)
+
+
+def store_memberships(context: Context, path: Path | None, h: np.ndarray) -> None:
+    """Keep H_i in the node's state and, where a folder is known, in its file (atomic)."""
+    context.state[STATE_KEY] = ArrayRecord({"h": Array(np.ascontiguousarray(h))})
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, h)
+        tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- Flower
+def params_from(cfg: ConfigRecord) -> ClusteringParams:
+    """The round's :class:`ClusteringParams` from the train config (keys.DPFEDC_*)."""
+    return ClusteringParams(
+        k=int(cfg[keys.DPFEDC_K]), rho=float(cfg[keys.DPFEDC_RHO]), mu_h=float(cfg[keys.DPFEDC_MU_H]),
+        mu_w=0.0, q1=int(cfg[keys.DPFEDC_Q1]), q2=int(cfg[keys.DPFEDC_Q2]),
+        q_hat=int(cfg.get(keys.DPFEDC_Q_HAT, 10)), batch=int(cfg[keys.BATCH_SIZE]),
+        h_step=str(cfg.get(keys.DPFEDC_H_STEP, "safe")), alpha2=float(cfg.get(keys.DPFEDC_ALPHA2, 5.0)),
+    )
+
+
+def load_client_data(run_config: dict, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
+    """X_i (m × n_i) of this partition: the dataset named by ``dpfedc.dataset`` split with
+    ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner)."""
+    from strategies.dpfedc import DPFedCConfig
+    from tasks.clustering import load_clustering_data, split
+
+    d = DPFedCConfig.from_run_config(run_config)
+    seed = int(run_config.get("seed", 0))
+    data = load_clustering_data(d.dataset, d.data_dir or None, d.num_samples, seed)
+    parts = split(data.y, num_partitions, d.split, seed)
+    return check_data(data.x[parts[partition_id]].T, k, name=f"client {partition_id}'s data")
+
+
+def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mode: str) -> Message:
+    """The train handler for DP-FedC (``client.app.train`` dispatches here under the lock).
+
+    Plans the round's noise (rigorous: z calibrated once per run from the client's budget
+    with :func:`client.app._plan_round`; paper: from ε̄ by (32) inverted), refuses a round
+    that would exceed the budget, runs :func:`client_round`, charges the ledger one
+    ``(z, 1, 1)`` release (mode ``update``: it bounds the whole local data set's influence),
+    keeps H_i and answers with W̃_i and covered metrics only.
+    """
+    from client.app import (
+        ERROR_BUDGET,
+        ERROR_CONFIG,
+        _client_seed,
+        _error,
+        _meta,
+        _noise_for,
+        _plan_round,
+        _privacy_metrics,
+        _stale,
+    )
+    from client.ledger_store import load_ledger, store_ledger
+    from privacy.accountants import DEFAULT_ACCOUNTANT
+    from privacy.exceptions import PrivacyBudgetExhausted
+
+    started = time.perf_counter()
+    calibration = str(cfg.get(keys.DPFEDC_CALIBRATION, "rigorous"))
+    try:
+        params = params_from(cfg)
+        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
+        x = load_client_data(dict(context.run_config), profile.partition_id, profile.num_partitions, params.k)
+        server_round = int(cfg[keys.SERVER_ROUND])
+        w = check_centroids(msg.content[keys.ARRAYS].to_numpy_ndarrays()[0], x.shape[0], params.k)
+    except (ValueError, KeyError, IndexError, FileNotFoundError) as exc:
+        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+    n = x.shape[1]
+    clip = float(cfg.get(keys.CLIP, 1.0))
+    grad_clip = float(cfg.get(keys.DPFEDC_GRAD_CLIP, 0.0)) or math.inf
+    if mode == keys.DP_NONE:
+        if math.isfinite(ledger.epsilon_budget):
+            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
+                          f"budget (eps={ledger.epsilon_budget:g}) and refuses non-private training")
+        privacy, charged = RoundPrivacy("none"), 0.0
+    elif calibration == "paper":
+        q2 = params.w_steps(server_round)
+        q = q2 * min(params.batch, n) / n
+        eps_round = paper_round_epsilon(float(cfg[keys.DPFEDC_EPSILON_BAR]), q,
+                                        float(cfg[keys.DPFEDC_CLIENT_RATE]), int(cfg[keys.NUM_ROUNDS]))
+        privacy = RoundPrivacy("paper", grad_clip=grad_clip, paper_epsilon=eps_round, delta=ledger.delta)
+        charged = paper_noise_multiplier(eps_round, ledger.delta, q)
+        if not math.isfinite(grad_clip):
+            return _error(msg, ERROR_CONFIG, "config-error: the paper calibration needs dpfedc.grad-clip (G) > 0")
+    else:
+        planned = int(cfg.get(keys.DPFEDC_PLANNED_ROUNDS, 0)) or int(cfg[keys.NUM_ROUNDS])
+        try:
+            plan = _plan_round(ConfigRecord({**dict(cfg), keys.NUM_ROUNDS: planned, keys.NOISE_SHARES: 1}),
+                               ledger, context, n)
+        except (PrivacyBudgetExhausted, ValueError) as exc:
+            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+        charged = plan.charged_multiplier
+        privacy = RoundPrivacy("rigorous", clip=clip, grad_clip=grad_clip, noise_multiplier=charged,
+                               delta=ledger.delta)
+    if mode != keys.DP_NONE and ledger.would_exceed(charged, 1.0, 1):
+        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
+                      f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it")
+
+    seed = _client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
+    folder = profile.shard_cache or (str(Path(profile.ledger_path).parent) if profile.ledger_path else None)
+    path = memberships_path(folder, profile.client_id, int(context.run_id))
+    h = load_memberships(context, path, params.k, n, _client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, 0))
+    batches = np.random.default_rng(seed)  # minibatch choice: not DP randomness
+    result = client_round(x, h, w, server_round, params, privacy, batches.random, _noise_for(profile, seed))
+    stale = _stale(msg)
+    if stale:
+        return _error(msg, keys_error_stale(), stale)
+    before = ledger.spent()
+    try:  # a non-private round is charged (0, 1, 1): eps = inf, as in client.app
+        ledger.record(charged, 1.0, 1, server_round=server_round, run_id=int(context.run_id),
+                      mode=keys.DP_UPDATE if mode != keys.DP_NONE else keys.DP_NONE)
+    except PrivacyBudgetExhausted as exc:
+        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+    store_ledger(ledger, profile, context)
+    store_memberships(context, path, result.memberships)  # H_i stays here, never in the reply
+    metrics: dict[str, float | int] = {
+        keys.NUM_EXAMPLES: int(n),
+        **_privacy_metrics(ledger, before),
+        keys.NOISE_MULTIPLIER: float(charged),
+        keys.SAMPLE_RATE: 1.0,
+        keys.CLIP: grad_clip if calibration == "paper" and mode != keys.DP_NONE else clip,  # never η
+        keys.LOCAL_STEPS: 1.0,
+    }
+    if profile.report_train_metrics:  # data-dependent, outside the guarantee
+        metrics[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
+        if result.release:
+            metrics[keys.UPDATE_NORM] = result.release.update_norm
+    meta = _meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
+                             keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
+    arrays = ArrayRecord({"centroids": Array(np.asarray(result.upload, np.float64))})
+    return Message(RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
+                   reply_to=msg)
+
+
+def keys_error_stale() -> int:
+    from client.app import ERROR_STALE
+
+    return ERROR_STALE
