@@ -316,3 +316,21 @@ def test_superlink_and_supernodes_keep_memberships_across_rounds(tmp_path):
             assert np.load(files[0]).shape[0] == 10
     finally:
         deployment.stop_all()
+
+
+@pytest.mark.slow
+def test_privet_run_of_dpfedc_on_flowers_ray_simulation(tmp_path, capsys):
+    """The third run mode: ``privet run`` -> ``flwr run`` on Flower's Ray simulation."""
+    from server.cli import main
+
+    sets = {"strategy": "dpfedc", "num-clients": 3, "min-train-clients": 3, "num-server-rounds": 2,
+            "batch-size": 20, "clip": 4.0, "budget-distribution": "constant", "epsilon": 20.0,
+            "dpfedc.dataset": "fashion-mnist", "dpfedc.num-samples": 450, "dpfedc.eval-samples": 150,
+            "dpfedc.planned-rounds": 2}
+    out = tmp_path / "sim"
+    args = sum((["--set", f"{k}={json.dumps(v)}"] for k, v in sets.items()), [])
+    assert main(["run", "--out", str(out), *args]) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2 and len(summary["clients"]) == 3
+    for c in summary["clients"]:
+        assert c["rounds_joined"] == [1, 2] and 0 < c["epsilon_spent"] <= 20.0
