@@ -125,6 +125,9 @@ def build_summary(
         server_eps = a.server_epsilon(cfg.accountant)
         clients.append({
             "client_id": a.client_id,
+            # the identity Flower authenticated (with SuperNode authentication: bound to its key);
+            # client_id is what the node declared, unique per run (duplicates are refused)
+            "node_id": a.node_id,
             "epsilon_budget": _finite(a.epsilon_budget),
             "epsilon_spent": _finite(a.epsilon_spent),
             "epsilon_spent_before_run": _finite(a.epsilon_at_start),
