@@ -3,9 +3,12 @@
     python benchmarks/bench_dpsgd_step.py --out benchmarks/results/dpsgd_step.md
 
 For each model the same batches go through: plain SGD, Opacus with per-sample gradient
-hooks (``grad_sample_mode="hooks"``, the default) and Opacus ghost clipping
-(``"ghost"``, fast gradient clipping). Reported: median seconds per step of each, and the
-ratios DP / plain. Only ratios are meant to be compared across machines.
+hooks (``grad_sample_mode="hooks"``), Opacus ghost clipping (``"ghost"``, fast gradient
+clipping) and ``"functorch"`` (vmap). The variants are interleaved: ``--repeats`` passes,
+each timing every model × mode once, so machine load hits all of them alike (issue 11).
+Reported per model × mode: the median over passes of (median ms/step), and the DP / plain
+ratio as the median over passes with its min-max spread. glibc malloc is tuned as at client
+start (``client/allocator.py``). Only ratios are meant to be compared across machines.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from tasks.models import MODELS, build_model
+
+MODES = ("plain", "hooks", "ghost", "functorch")
 
 
 def _loader(shape: tuple[int, int, int], n: int, batch: int) -> DataLoader:
@@ -52,7 +57,7 @@ def bench_model(name: str, shape: tuple[int, int, int], batch: int, steps: int) 
     from opacus import PrivacyEngine
 
     out: dict[str, float] = {}
-    for mode in ("plain", "hooks", "ghost"):
+    for mode in MODES:
         torch.manual_seed(0)
         model = build_model(name, input_shape=shape, num_classes=10, seed=0)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -79,25 +84,31 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/dpsgd_step.md")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = []
-    for name in MODELS:
-        for shape in ((1, 28, 28),):
-            r = bench_model(name, shape, args.batch, args.steps)
-            rows.append((name, shape, r))
-            print(name, shape, {k: f"{v * 1e3:.2f} ms" for k, v in r.items()}, flush=True)
+    from client.allocator import tune_malloc
+
+    tune_malloc()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in args.models}
+    for rep in range(args.repeats):
+        for name in args.models:
+            r = bench_model(name, (1, 28, 28), args.batch, args.steps)
+            runs[name].append(r)
+            print(rep, name, {k: f"{v * 1e3:.2f} ms" for k, v in r.items()}, flush=True)
     lines = [
-        f"DP-SGD step vs plain SGD step (batch {args.batch}, 1 thread, median of {args.steps - 2} steps)",
+        f"DP-SGD step vs plain SGD step (batch {args.batch}, 1 thread, median of {args.steps - 2} steps, "
+        f"{args.repeats} interleaved passes; ratio: median over passes [min-max])",
         "",
-        "| model | input | plain ms/step | hooks ms/step | ghost ms/step | hooks / plain | ghost / plain |",
-        "|---|---|---|---|---|---|---|",
+        "| model | plain ms | hooks ms | ghost ms | functorch ms | hooks / plain | ghost / plain | functorch / plain |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, shape, r in rows:
-        lines.append(
-            f"| {name} | {'x'.join(map(str, shape))} | {r['plain'] * 1e3:.2f} | {r['hooks'] * 1e3:.2f} | "
-            f"{r['ghost'] * 1e3:.2f} | {r['hooks'] / r['plain']:.2f} | {r['ghost'] / r['plain']:.2f} |"
-        )
+    for name, rs in runs.items():
+        ms = {m: statistics.median(r[m] for r in rs) * 1e3 for m in MODES}
+        ratios = {m: [r[m] / r["plain"] for r in rs] for m in MODES[1:]}
+        lines.append(f"| {name} | " + " | ".join(f"{ms[m]:.2f}" for m in MODES) + " | " + " | ".join(
+            f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]" for v in ratios.values()) + " |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

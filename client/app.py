@@ -45,6 +45,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from client import group_dp
+from client.allocator import tune_malloc
 from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
 from client.shard_cache import cached_shard, shard_key
@@ -82,6 +83,7 @@ ERROR_STALE = 4006
 CALIBRATION_KEY = "privet.calibration"
 
 app = ClientApp()
+tune_malloc()  # keep DP-SGD's per-step buffers in the heap (client/allocator.py)
 
 
 def _error(msg: Message, code: int, reason: str) -> Message:

@@ -43,8 +43,9 @@ MODELS: Final = ("mlp2", "lenet5", "logreg", "cnn", "cnn2")
 GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch")
 
 #: The fastest mode per model where it is not ``ghost`` (benchmarks/results/dpsgd_step.md,
-#: batch 64, one thread: ``cnn`` hooks 1.73x a plain step vs ghost 1.96x; every other model
-#: is fastest with ghost clipping, e.g. ``cnn2`` ghost 2.53x vs hooks 10.2x).
+#: batch 64, one thread, interleaved passes: ``cnn`` hooks 2.08x a plain step vs ghost 2.18x
+#: and functorch 2.61x; every other model is fastest with ghost clipping, e.g. ``lenet5``
+#: ghost 2.43x vs hooks 6.02x).
 FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks"}
 
 
