@@ -235,9 +235,9 @@ def test_every_strategy_is_registered_with_its_section():
 
 # ---------------------------------------------------------------- real runs (in-process)
 def _gdpfed_run(run_config_factory, strategy="gdpfed-plus", hook=None, **kw):
-    cfg = run_config_factory(strategy=strategy, num_clients=30, budget_distribution="groups", num_server_rounds=3,
-                             max_examples_per_client=32, batch_size=8, local_epochs=1,
-                             **{"gdpfed.q": 0.2, **kw})
+    base = {"strategy": strategy, "num-clients": 30, "budget-distribution": "groups", "num-server-rounds": 3,
+            "max-examples-per-client": 32, "batch-size": 8, "local-epochs": 1, "gdpfed.q": 0.2}
+    cfg = run_config_factory(**{**base, **{k.replace("_", "-"): v for k, v in kw.items()}})
     grid = InProcessGrid(client_app, simulation_node_configs(30), cfg, reply_hook=hook)
     return run_experiment(grid, cfg, run_id=1), grid
 
