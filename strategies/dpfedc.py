@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from privacy.centroid_noise import (
     CALIBRATIONS,
@@ -95,25 +95,11 @@ class DPFedCConfig(BaseModel):
         """The section from Flower's flat run config (``dpfedc.*`` keys; absent = defaults)."""
         return cls.model_validate({k.split(".", 1)[1]: v for k, v in run_config.items() if k.startswith("dpfedc.")})
 
-    @field_validator("dataset")
+    @field_validator("dataset", "split", "h_step", "calibration")
     @classmethod
-    def _dataset(cls, v: str) -> str:
-        return one_of("dpfedc.dataset", v, CLUSTERING_DATASETS)
-
-    @field_validator("split")
-    @classmethod
-    def _split(cls, v: str) -> str:
-        return one_of("dpfedc.split", v, SPLITS)
-
-    @field_validator("h_step")
-    @classmethod
-    def _h_step(cls, v: str) -> str:
-        return one_of("dpfedc.h-step", v, H_STEPS)
-
-    @field_validator("calibration")
-    @classmethod
-    def _calibration(cls, v: str) -> str:
-        return one_of("dpfedc.calibration", v, CALIBRATIONS)
+    def _choice(cls, v: str, info: ValidationInfo) -> str:
+        allowed = {"dataset": CLUSTERING_DATASETS, "split": SPLITS, "h_step": H_STEPS, "calibration": CALIBRATIONS}
+        return one_of(f"dpfedc.{kebab(info.field_name)}", v, allowed[info.field_name])
 
 
 class DPFedC(PrivacyAwareFedAvg):
