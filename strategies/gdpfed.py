@@ -51,7 +51,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from privacy.accountants import Step
 from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
@@ -109,6 +109,18 @@ class GDPFedConfig(BaseModel):
     idp_sample_rates: tuple[float, ...] = (0.0082, 0.0280, 0.0238)
     pfa_rank: int = Field(1, ge=1)
     pfa_history: int = Field(5, ge=1)
+
+    @field_validator("group_epsilons", "sample_rates", "sparsity", "idp_clips", "idp_sample_rates", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        """Flower's run config holds scalars only: a list is written "0.5, 1.5, 3" ("" = empty)."""
+        if not isinstance(v, str):
+            return v
+        try:
+            return tuple(float(x) for x in v.replace(";", ",").split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"'gdpfed.{kebab(info.field_name)}' must be comma-separated numbers, "
+                             f"e.g. \"0.5, 1.5, 3\"; found {v!r}") from None
 
     @field_validator("weighting")
     @classmethod

@@ -321,3 +321,18 @@ def test_every_variant_learns_within_budget(run_config_factory, strategy):
                                 "gdpfed.idp-sample-rates": [0.2], "gdpfed.weighting": "normalised"})
     assert all(c["within_budget"] for c in summary["clients"])
     assert summary["final_accuracy"] > 0.3  # chance is 0.1
+
+
+def test_the_gdpfed_section_is_in_the_apps_config_and_takes_lists_as_text():
+    """Flower's run config holds scalars only: the pyproject table (which `flwr run` checks keys
+    against) equals the class defaults, and lists travel as comma-separated text."""
+    from server.cli import app_defaults
+    from server.config import ConfigError, RunConfig
+    from strategies.gdpfed import GDPFedConfig
+
+    defaults = app_defaults()
+    assert RunConfig.from_flower(defaults).gdpfed == GDPFedConfig()
+    cfg = RunConfig.from_flower({**defaults, "gdpfed.sample-rates": "0.0069, 0.0189, 0.0342"})
+    assert cfg.gdpfed.sample_rates == (0.0069, 0.0189, 0.0342)
+    with pytest.raises(ConfigError, match="gdpfed.sparsity.*comma-separated numbers"):
+        RunConfig.from_flower({**defaults, "gdpfed.sparsity": "most"})
