@@ -227,3 +227,9 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> int | None:
 def missing(*tools: str) -> list[str]:
     """The tools of ``tools`` that are missing from PATH."""
     return [t for t in tools if shutil.which(t) is None]
+
+
+def read_rounds(out: Path) -> list[dict[str, Any]]:
+    """The lines of a run's ``rounds.jsonl`` written so far (none before the file exists)."""
+    path = out / "rounds.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from privacy.ledger import PrivacyLedger
-from tests.deploy_support import FAST
+from tests.deploy_support import FAST, read_rounds
 from tests.flower_processes import BIN, LocalDeployment
 
 pytestmark = pytest.mark.slow
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.slow
 BUDGETS = {0: 20.0, 1: 30.0, 2: 50.0}
 RUN = {**FAST, "num-clients": 3, "min-train-clients": 2, "noise-multiplier": 1.0, "round-timeout": 120.0,
        "budget-distribution": "constant", "epsilon": 50.0}
-
-
-def _rounds(out) -> list[dict]:  # noqa: ANN001
-    path = out / "rounds.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def test_a_killed_superlink_restarts_and_a_resubmitted_run_continues_every_ledger(tmp_path, monkeypatch):
@@ -46,7 +41,7 @@ def test_a_killed_superlink_restarts_and_a_resubmitted_run_continues_every_ledge
         out1 = tmp_path / "results-1"
         run1 = dep.submit({**RUN, "num-server-rounds": 4, "out-dir": str(out1)})
         deadline = time.monotonic() + 300
-        while not any(r.get("round") == 1 for r in _rounds(out1)):
+        while not any(r.get("round") == 1 for r in read_rounds(out1)):
             assert time.monotonic() < deadline, dep.logs()
             time.sleep(0.5)
         os.killpg(link.pid, signal.SIGKILL)  # the coordinator's machine dies: SuperLink and ServerApp
@@ -55,7 +50,7 @@ def test_a_killed_superlink_restarts_and_a_resubmitted_run_continues_every_ledge
 
         status = dep.wait_run(run1, timeout=300)
         assert status["status"] == "finished:failed", status
-        seen = _rounds(out1)
+        seen = read_rounds(out1)
         assert seen and seen[-1]["round"] < 4, "the run in flight did not resume"
         last_seen = {cid: eps for r in seen for cid, eps in (r.get("epsilon_spent") or {}).items()}
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.deploy_support import FAST, SecureDeployment, generate_certs
+from tests.deploy_support import FAST, SecureDeployment, generate_certs, read_rounds
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +34,6 @@ pytestmark = pytest.mark.slow
 BUDGETS = {"site-0": 6.7, "site-1": 50.0, "site-2": 50.0}
 RUN = {**FAST, "num-clients": 3, "min-train-clients": 2, "noise-multiplier": 1.0,
        "grad-sample-mode": "hooks", "round-timeout": 300.0}
-
-
-def _rounds(out) -> list[dict]:  # noqa: ANN001
-    path = out / "rounds.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_three_round_budget():
@@ -74,7 +67,7 @@ def test_killed_supernode_drops_and_restarted_ledger_continues(tmp_path):
         out1 = tmp_path / "results-1"
         run1 = dep.submit({**RUN, "num-server-rounds": 3, "out-dir": str(out1)})
         deadline = time.monotonic() + 300
-        while not any(r.get("round") == 1 for r in _rounds(out1)):
+        while not any(r.get("round") == 1 for r in read_rounds(out1)):
             assert time.monotonic() < deadline, dep.logs()
             assert dep.run_status(run1)["status"] != "finished:failed", dep.logs()
             time.sleep(1.0)

@@ -16,17 +16,12 @@ import time
 import pytest
 
 from privacy.ledger import PrivacyLedger
-from tests.deploy_support import FAST
+from tests.deploy_support import FAST, read_rounds
 from tests.flower_processes import BIN, LocalDeployment
 
 pytestmark = pytest.mark.slow
 
 ROUND_TIMEOUT = 40.0
-
-
-def _rounds(out) -> list[dict]:  # noqa: ANN001
-    path = out / "rounds.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 def test_a_stopped_site_is_dropped_and_its_late_work_is_never_charged(tmp_path, monkeypatch):
@@ -43,7 +38,7 @@ def test_a_stopped_site_is_dropped_and_its_late_work_is_never_charged(tmp_path, 
                              "noise-multiplier": 1.0, "round-timeout": ROUND_TIMEOUT, "out-dir": str(out),
                              "budget-distribution": "constant", "epsilon": 50.0})
         deadline = time.monotonic() + 300
-        while not any(r.get("round") == 1 for r in _rounds(out)):
+        while not any(r.get("round") == 1 for r in read_rounds(out)):
             assert time.monotonic() < deadline, dep.logs()
             time.sleep(0.5)
         os.killpg(procs[2].pid, signal.SIGSTOP)  # the SuperNode and any ClientApp it runs
