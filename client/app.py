@@ -48,6 +48,7 @@ from client import group_dp
 from client.allocator import tune_malloc
 from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
+from client.secure_sum import secure_sum_mod, secure_survivors
 from client.shard_cache import cached_shard, shard_key
 from client.uploads import encode_upload
 from client.personalization import dpsgd_workload, personalize_for_evaluation, train_personalized
@@ -65,6 +66,7 @@ from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
 from privacy.randomness import NoiseSource, noise_source
+from privacy.secure_sum import charged_multiplier
 from strategies import keys
 from strategies.log import route_privet_logs_to_flower
 from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
@@ -82,7 +84,7 @@ ERROR_REFUSED = 4005
 ERROR_STALE = 4006
 CALIBRATION_KEY = "privet.calibration"
 
-app = ClientApp()
+app = ClientApp(mods=[secure_sum_mod])  # secure sums: client/secure_sum.py
 tune_malloc()  # keep DP-SGD's per-step buffers in the heap (client/allocator.py)
 
 
@@ -174,7 +176,7 @@ class _Plan:
     """The mechanism one round will run, known before training so it can be checked."""
 
     noise_multiplier: float  # σ sent to the mechanism
-    charged_multiplier: float  # σ the ledger charges (σ/√m for update mode)
+    charged_multiplier: float  # σ the ledger charges (update mode: σ/√m, or σ·√(r_min/m) in a secure sum)
     sample_rate: float
     steps: int
 
@@ -184,8 +186,14 @@ def _plan_round(
     ledger: PrivacyLedger,
     context: Context,
     num_examples: int,
+    min_survivors: int | None = None,
 ) -> _Plan:
     """Decide σ for this round: fixed from the server, or calibrated once per run.
+
+    In ``update`` mode the ledger charges σ/√m for an upload the server sees on its own,
+    and σ·√(r_min/m) for one that leaves only inside a secure sum of at least
+    ``min_survivors`` = r_min inputs (:mod:`privacy.secure_sum`); a calibrated σ is the
+    charged one scaled back to what the mechanism adds.
 
     Calibration (when the server sends ``noise-multiplier = 0``) finds the smallest σ for
     which the ledger's history *before this run* composed with ``num-rounds`` rounds of
@@ -205,10 +213,13 @@ def _plan_round(
         steps = dpsgd_steps_per_round(num_examples, batch, epochs)
     else:
         rate, steps = 1.0, 1
+    # charged = scale · sent: 1 outside update mode, 1/√m per upload, √(r_min/m) in a secure sum
+    scale = 1.0
+    if mode == keys.DP_UPDATE:
+        scale = charged_multiplier(1.0, shares, min_survivors) if min_survivors else 1.0 / math.sqrt(shares)
     fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
     if fixed > 0:
-        charged = fixed / math.sqrt(shares) if mode == keys.DP_UPDATE else fixed
-        return _Plan(fixed, charged, rate, steps)
+        return _Plan(fixed, fixed * scale, rate, steps)
 
     run_key = f"{context.run_id}"
     cached = context.state.get(CALIBRATION_KEY)
@@ -233,8 +244,7 @@ def _plan_round(
         )
         context.state[CALIBRATION_KEY] = ConfigRecord({"run-id": run_key, "sigma": charged})
         log.info("calibrated sigma=%.4f for cap eps=%.3f (q=%.4f, %d steps/round)", charged, cap, rate, steps)
-    sigma = charged * math.sqrt(shares) if mode == keys.DP_UPDATE else charged
-    return _Plan(sigma, charged, rate, steps)
+    return _Plan(charged / scale, charged, rate, steps)
 
 
 def _train_locally(
@@ -248,6 +258,7 @@ def _train_locally(
     clip: float,
     noise_multiplier: float,
     noise: NoiseSource,
+    min_survivors: int | None = None,
 ) -> tuple[dict[str, float], list[Step]]:
     """The round's local work under its DP mode: ``(metrics, steps to charge)``.
 
@@ -272,7 +283,8 @@ def _train_locally(
                            grad_sample_mode=grad_sample_mode)
     if mode == keys.DP_UPDATE:
         return train_update_dp(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
-                               noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)), noise=noise)
+                               noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)), noise=noise,
+                               min_survivors=min_survivors)
     return train_non_private(model, data, local)
 
 
@@ -350,6 +362,13 @@ def _train_with_ledger(
         data, num_classes = _load_local_data(profile, context.run_config)
         server_round = int(cfg[keys.SERVER_ROUND])
         group = group_dp.GroupMechanism.from_config(cfg) if group_dp.is_group_round(cfg) else None  # GDPFed
+        secure = secure_survivors(msg, context)  # r_min when this upload leaves only inside a secure sum
+        if secure is not None and (mode != keys.DP_UPDATE or cfg.get(keys.PERSONALIZATION, "")):
+            raise ValueError(f"a secure sum needs dp-mode '{keys.DP_UPDATE}' without personalization; "
+                             f"found dp-mode {mode!r}")
+        if secure is not None and group is not None and secure < group.shares:  # GDPFed charges σ_m: all r_m
+            raise ValueError(f"a group sum released with {secure} of its {group.shares} noise shares carries less "
+                             "noise than the group's sigma_m that this client charges")
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
 
@@ -370,7 +389,7 @@ def _train_with_ledger(
         plan = _Plan(group.noise_multiplier, group.noise_multiplier, group.sample_rate, group.rounds)
     else:
         try:
-            plan = _plan_round(cfg, ledger, context, len(data))
+            plan = _plan_round(cfg, ledger, context, len(data), secure)
         except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: remainder too small for any σ
             return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
     if mode != keys.DP_NONE and (group_charge or group is None) \
@@ -401,7 +420,7 @@ def _train_with_ledger(
         else:
             train_metrics, steps = _train_locally(model, data, local, cfg, context, profile.partition_id,
                                                   clip=clip, noise_multiplier=plan.noise_multiplier,
-                                                  noise=_noise_for(profile, seed))
+                                                  noise=_noise_for(profile, seed), min_survivors=secure)
         arrays = encode_upload(msg.content, global_weights, get_weights(model))
     except ValueError as exc:
         return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
@@ -435,7 +454,8 @@ def _train_with_ledger(
         metrics[keys.EPSILON_SPENT], ledger.epsilon_budget,
     )
     meta = _meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
-                             keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
+                             keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off",
+                             keys.SECURE_SURVIVORS: str(secure or 0)})
     return Message(
         RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
         reply_to=msg,

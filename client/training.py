@@ -44,6 +44,7 @@ from privacy.mechanisms import (
     privatize_update,
 )
 from privacy.randomness import NoiseSource
+from privacy.secure_sum import charged_multiplier
 from tasks.datasets import ArrayDataset
 from tasks.models import get_weights, set_weights, train_plain
 
@@ -199,12 +200,15 @@ def train_update_dp(
     noise_multiplier: float,
     noise_shares: int,
     noise: NoiseSource,
+    min_survivors: int | None = None,
 ) -> tuple[dict[str, float], list[Step]]:
     """Client-level DP: plain local SGD, then clip Δ to C and add N(0, σ²C²/m) locally.
 
     The new model sent up is w₀ + clip(Δ) + noise, the noise drawn from the private
-    ``noise`` source. Charged to the ledger: one Gaussian mechanism with multiplier σ/√m at
-    sampling rate 1 (the server knows who took part), under replace-one.
+    ``noise`` source. Charged to the ledger: one Gaussian mechanism at sampling rate 1 (the
+    server knows who took part), under replace-one, with multiplier σ/√m when the upload
+    is seen on its own, or σ·√(r_min/m) when it leaves only inside a secure sum of at least
+    ``min_survivors`` = r_min inputs (:mod:`privacy.secure_sum`).
     """
     start = [w.copy() for w in get_weights(model)]
     metrics = local_sgd(model, data, cfg)
@@ -215,7 +219,8 @@ def train_update_dp(
     )
     set_weights(model, [w0 + u for w0, u in zip(start, noisy)])
     metrics = {**metrics, **diag}
-    per_upload = local_noise_multiplier(noise_multiplier, noise_shares)
+    per_upload = (local_noise_multiplier(noise_multiplier, noise_shares) if min_survivors is None
+                  else charged_multiplier(noise_multiplier, noise_shares, min_survivors))
     return metrics, [(per_upload, 1.0, 1)]
 
 

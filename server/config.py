@@ -28,6 +28,7 @@ from strategies.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
 from strategies.fedceo import FedCEOConfig
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
+from strategies.secure_sum import SECURE_AGGREGATION, SecureAggregation
 from strategies.validation import kebab, one_of
 from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
@@ -65,7 +66,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "budget_distribution": ("none", *BUDGET_DISTRIBUTIONS),
     "noise_source": NOISE_SOURCES,
     "client_evaluation": ("off", "on"),
+    "secure_aggregation": SECURE_AGGREGATION,
 }
+
+#: Strategies whose aggregation needs only sums of the clients' updates, so they can run
+#: with secure aggregation (the others read individual updates).
+SECURE_SUM_STRATEGIES = ("fedavg", "udp-fedavg", *GDPFED_STRATEGIES)
 
 
 class ConfigError(ValueError):
@@ -114,6 +120,8 @@ class RunConfig(BaseModel):
     client_evaluation: str = "off"
     report_train_metrics: bool = False
     ledger_dir: str = ""
+    secure_aggregation: str = "none"
+    secagg: SecureAggregation = SecureAggregation()
     pfa: PFAConfig = PFAConfig()
     fedceo: FedCEOConfig = FedCEOConfig()
     gdpfed: GDPFedConfig = GDPFedConfig()
@@ -164,7 +172,29 @@ class RunConfig(BaseModel):
                 "set 'noise-multiplier' > 0 or choose a budget distribution"
             )
         self._check_gdpfed()
+        self._check_secure_aggregation()
         return self
+
+    def _check_secure_aggregation(self) -> None:
+        """Secure sums need update mode, a sum-only aggregation rule and a common σ."""
+        if self.secure_aggregation == "none":
+            return
+        if self.strategy not in SECURE_SUM_STRATEGIES:
+            raise ValueError(f"'secure-aggregation' = '{self.secure_aggregation}' needs a strategy that aggregates "
+                             f"sums only, one of {list(SECURE_SUM_STRATEGIES)}; found '{self.strategy}'")
+        if self.resolved_dp_mode != "update":
+            raise ValueError(f"'secure-aggregation' = '{self.secure_aggregation}' needs 'dp-mode' = 'update' (the "
+                             f"noise is split among the clients of a sum); found '{self.resolved_dp_mode}'")
+        if self.strategy in GDPFED_STRATEGIES:
+            return
+        if self.noise_multiplier <= 0:
+            raise ValueError(f"'secure-aggregation' = '{self.secure_aggregation}' needs a common 'noise-multiplier' "
+                             "> 0: every client of a sum must add the same share of the noise")
+        per_round = min(self.num_clients, max(self.min_train_clients, int(self.fraction_train * self.num_clients)))
+        r_min = self.secagg.min_survivors or self.noise_shares
+        if r_min > per_round:
+            raise ValueError(f"'secagg.min-survivors' (0 means 'noise-shares') = {r_min} is above the {per_round} "
+                             "clients sampled per round, so no sum could be released")
 
     def _check_gdpfed(self) -> None:
         """GDPFed family in simulation: plan the groups from the simulated budgets now, so an

@@ -61,6 +61,7 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
         max_examples=cfg.max_examples_per_client,
         handshake_timeout=cfg.round_timeout,
         message_ttl=cfg.round_timeout,
+        secure_aggregation=cfg.secagg if cfg.secure_aggregation != "none" else None,
         **STRATEGY_PARAMS.get(cfg.strategy, lambda _: {})(cfg),
     )
 

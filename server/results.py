@@ -25,6 +25,7 @@ from typing import Any
 from privacy.accountants import REPLACE_ONE
 from server.config import RunConfig
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
+from strategies.gdpfed import GDPFED_STRATEGIES
 
 
 def _finite(x: float) -> float | None:
@@ -83,21 +84,32 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def _guarantee(mode: str, account: ClientAccount, noise_shares: int) -> str:
-    """The exact statement one client's ε makes: unit, relation, against whom."""
+def _guarantee(mode: str, account: ClientAccount, noise_shares: int, secure: int = 0) -> str:
+    """The exact statement one client's ε makes: unit, relation, against whom.
+
+    ``secure``: r_min when the client's updates left only inside secure sums (0: none).
+    """
     if mode == "none" or math.isinf(account.epsilon_budget):
         return "none (non-private)"
     unit = ("its whole dataset (client-level)" if account.guarantee_unit == "client"
             else "any one of its records (record-level)")
+    share = "local Gaussian noise" if noise_shares == 1 else f"a 1/{noise_shares} share of the Gaussian noise"
     how = {
         "dpsgd": "DP-SGD with Poisson sampling",
-        "update": ("its clipped update with local Gaussian noise" if noise_shares == 1
-                   else f"its clipped update with a 1/{noise_shares} share of the Gaussian noise, "
-                        "charged per upload (no secure aggregation)"),
+        "update": (f"its clipped update with {share}, charged per upload (no secure aggregation)" if not secure
+                   else f"its clipped update with {share}, released only inside a secure sum (SecAgg+) of at "
+                        f"least {secure} clients' updates and charged as noise multiplier sigma*sqrt({secure}/"
+                        f"{noise_shares}); the quantisation before the sum (stochastic rounding, clipping with "
+                        "probability <= secagg.clip-probability) is outside the accounting"),
     }.get(mode, mode)
-    against = ("anyone who sees what it sends (the server, other clients, observers of the model)"
-               if account.noise_source != "seeded"
-               else "no one who knows the run seed: its noise was seeded reproducibly (noise-source = seeded)")
+    if account.noise_source == "seeded":
+        against = "no one who knows the run seed: its noise was seeded reproducibly (noise-source = seeded)"
+    elif secure and mode == "update":
+        against = ("the server and other clients, as long as no sum member colludes with the server (k colluding "
+                   f"members who reveal their noise leave sigma*sqrt(({secure}-k)/{noise_shares})), and observers "
+                   "of the model")
+    else:
+        against = "anyone who sees what it sends (the server, other clients, observers of the model)"
     return (f"(eps, delta)-DP of {unit} under replace-one (the dataset size is public), via {how}; "
             f"holds against {against}")
 
@@ -120,6 +132,9 @@ def build_summary(
     """``summary.json``: the run's outcome and every client's privacy position."""
     evaluated = [r for r in rounds if r.get("accuracy") is not None]
     mode = cfg.resolved_dp_mode
+    secure = cfg.secure_aggregation != "none"
+    secure_floor = (cfg.secagg.min_survivors or cfg.noise_shares) if secure and cfg.strategy not in GDPFED_STRATEGIES \
+        else 0
     clients = []
     for a in sorted(strategy.accounts.values(), key=lambda a: (len(a.client_id), a.client_id)):
         server_eps = a.server_epsilon(cfg.accountant)
@@ -142,7 +157,7 @@ def build_summary(
             "relation": REPLACE_ONE,
             "guarantee_unit": a.guarantee_unit,
             "noise_source": a.noise_source,
-            "guarantee": _guarantee(mode, a, cfg.noise_shares)
+            "guarantee": _guarantee(mode, a, cfg.noise_shares, secure_floor)
             + (f"; {strategy.guarantee_note}" if getattr(strategy, "guarantee_note", "") else ""),  # GDPFed
             "not_covered": _outside(a),
         })
@@ -165,6 +180,11 @@ def build_summary(
         "noise_multiplier": ("none (non-private)" if mode == "none"
                              else cfg.noise_multiplier or "calibrated per client"),
         "noise_shares": cfg.noise_shares,
+        # who sees individual updates: the trust model every client's epsilon holds under
+        "secure_aggregation": ({"protocol": "SecAgg+ (Flower's stages; ChaCha20 masks)",
+                                **cfg.secagg.model_dump(by_alias=True),
+                                "trust_model": "the server sees only sums of at least r_min updates"}
+                               if secure else "none: the server sees every client's upload"),
         "elapsed_seconds": elapsed,
         "dropped": sorted({c["client_id"] for c in clients if c["dropped_rounds"]}),
         "failed_rounds": [{"round": r, "reason": why} for r, why in sorted(strategy.failed_rounds.items())],

@@ -47,7 +47,18 @@ from flwr.serverapp.strategy import FedAvg
 from privacy.accountants import DEFAULT_ACCOUNTANT, Step, epsilon_of
 from privacy.mechanisms import dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.policy import is_spent
+from privacy.secure_sum import charged_multiplier, quantisation_for
 from strategies import keys
+from strategies.secure_sum import (
+    SecureAggregation,
+    SumResult,
+    SumState,
+    check_sum,
+    collect_messages,
+    masked_input,
+    open_sums,
+    release_sums,
+)
 from strategies.validation import (
     ArraySpec,
     DeclaredBudget,
@@ -188,6 +199,11 @@ class PrivacyAwareFedAvg(FedAvg):
     message_ttl : float or None
         Time-to-live of every train message (the run config's ``round-timeout``): a client
         refuses a message older than this before spending anything (:mod:`client.app`).
+    secure_aggregation : SecureAggregation or None
+        Run every round's aggregation as secure sums (:mod:`strategies.secure_sum`): the
+        server learns only Σ of each sum's privatised updates, and each member charges
+        σ·√(r_min/m) instead of σ/√m. Needs ``update`` mode and a common σ (a fixed
+        ``noise-multiplier``); the strategy aggregates sums (:meth:`aggregate_sums`).
 
     Other parameters: see ``flwr.serverapp.strategy.FedAvg``.
     """
@@ -207,6 +223,7 @@ class PrivacyAwareFedAvg(FedAvg):
         message_ttl: float | None = None,
         min_accepted: int = 1,
         max_examples: int = 0,
+        secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         if dp_mode not in keys.DP_MODES:
             raise ValueError(f"dp_mode must be one of {keys.DP_MODES}; found {dp_mode!r}")
@@ -242,6 +259,10 @@ class PrivacyAwareFedAvg(FedAvg):
         self._bytes_down: dict[int, int] = {}
         self._handshake_seconds: dict[int, float] = {}
         self._train_config: ConfigRecord = ConfigRecord()
+        self.secure_aggregation = secure_aggregation
+        self._grid: Grid | None = None
+        self._sums: list[SumState] = []
+        self._global_arrays: list[np.ndarray] = []
 
     # ------------------------------------------------------------------ hooks
     def node_arrays(self, server_round: int, account: ClientAccount, arrays: ArrayRecord) -> ArrayRecord:
@@ -254,12 +275,26 @@ class PrivacyAwareFedAvg(FedAvg):
         return config
 
     def expected_specs(self, server_round: int, account: ClientAccount) -> list[ArraySpec]:
-        """What this client's upload must look like (default: the global model's specs)."""
-        return self._global_specs
+        """What this client's upload must look like (default: the global model's specs;
+        none inside a secure sum, whose input is checked by :func:`masked_input`)."""
+        return [] if self.secure_aggregation else self._global_specs
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
         """The paper's aggregation rule. Default: FedAvg, Σ n_k w_k / Σ n_k (McMahan et al.)."""
         return weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies])
+
+    def secure_groups(self, server_round: int, chosen: list[int]) -> list[list[int]]:
+        """The disjoint subsets of the round's clients that are each summed securely
+        (default: one sum of all of them)."""
+        return [list(chosen)]
+
+    def aggregate_sums(self, server_round: int, sums: list[SumResult]) -> list[np.ndarray]:
+        """The new global model from released secure sums (default: the global model plus
+        the plain mean of every survivor's privatised update, Σ_s Σ_i ỹ_i / Σ_s r_s: a
+        secure sum hides the example counts FedAvg would weight by)."""
+        count = sum(len(r.survivors) for r in sums)
+        total = [sum(np.asarray(r.total[j]) for r in sums if r.total is not None) for j in range(len(self._global_arrays))]
+        return [(g.astype(np.float64) + np.asarray(t) / count).astype(g.dtype) for g, t in zip(self._global_arrays, total)]
 
     def expected_num_examples(self, account: ClientAccount) -> int:
         """The example count a train reply must claim (default: the handshake's)."""
@@ -445,7 +480,27 @@ class PrivacyAwareFedAvg(FedAvg):
                         dst_node_id=node, message_type=MessageType.TRAIN, ttl=self.message_ttl)
             )
         self._bytes_down[server_round] = bytes_down
+        self._grid = grid
+        if self.secure_aggregation is not None:
+            self._global_arrays = [np.asarray(a) for a in arrays.to_numpy_ndarrays()]
+            return self._open_secure_sums(server_round, chosen, messages, grid)
         return messages
+
+    def _open_secure_sums(self, server_round: int, chosen: list[int], messages: list[Message],
+                          grid: Grid) -> list[Message]:
+        """Stages 0–1 of this round's secure sums; the train messages become stage 2."""
+        assert self.secure_aggregation is not None
+        groups = [g for g in self.secure_groups(server_round, chosen) if g]
+        d = sum(a.size for a in self._global_arrays)
+        quantisations, floors = [], []
+        for group in groups:
+            clip, noise_std, shares = self._sum_mechanism(server_round, group[0])
+            quantisations.append(quantisation_for(clip, noise_std, d, len(group), self.secure_aggregation.bits,
+                                                  self.secure_aggregation.clip_probability))
+            floors.append(self.secure_min_survivors(shares))
+        self._sums = open_sums(grid, groups, quantisations, floors, self.secure_aggregation,
+                               timeout=self.handshake_timeout, ttl=self.message_ttl)
+        return collect_messages(self._sums, {m.metadata.dst_node_id: m for m in messages})
 
     # -------------------------------------------------------- aggregate_train
     def _server_steps(self, metrics: dict[str, float]) -> list[Step]:
@@ -453,6 +508,9 @@ class PrivacyAwareFedAvg(FedAvg):
         if self.dp_mode == keys.DP_SGD:
             return [(sigma, float(metrics[keys.SAMPLE_RATE]), int(metrics[keys.LOCAL_STEPS]))]
         if self.dp_mode == keys.DP_UPDATE:
+            if self.secure_aggregation is not None:  # seen only inside a sum of >= r_min inputs
+                r_min = self.secure_min_survivors(self.noise_shares)
+                return [(charged_multiplier(sigma, self.noise_shares, r_min), 1.0, 1)]
             return [(sigma / math.sqrt(self.noise_shares), 1.0, 1)]
         return [(0.0, 1.0, 1)]
 
@@ -482,9 +540,12 @@ class PrivacyAwareFedAvg(FedAvg):
             return f"its reported mechanisms imply eps={implied:.6g}, above its budget {account.epsilon_budget:g}"
         return None
 
-    def accept_replies(self, server_round: int, replies: Iterable[Message]) -> list[AcceptedReply]:
-        """Validate every reply; book-keep errors, rejections, drops and privacy spending."""
+    def accept_replies(self, server_round: int, replies: Iterable[Message],
+                       invalid: dict[int, str] | None = None) -> list[AcceptedReply]:
+        """Validate every reply; book-keep errors, rejections, drops and privacy spending.
+        ``invalid``: nodes whose reply the caller already found unusable, and why."""
         replies = list(replies)
+        invalid = invalid or {}
         sampled = set(self._sampled.get(server_round, []))
         replied: set[int] = set()
         accepted: list[AcceptedReply] = []
@@ -507,8 +568,9 @@ class PrivacyAwareFedAvg(FedAvg):
                 rejected.append({"client": name, "reason": reason})
                 log.warning("round %d: client %s replied with an error: %s", server_round, name, reason)
                 continue
-            reason = validate_train_reply(reply.content, self.expected_specs(server_round, account),
-                                          account.declared(), self.expected_release(server_round, account))
+            reason = invalid.get(node) or validate_train_reply(
+                reply.content, self.expected_specs(server_round, account), account.declared(),
+                self.expected_release(server_round, account))
             metrics = {k: float(v) for k, v in reply.content[keys.METRICS].items() if not isinstance(v, list)}
             steps = self.server_steps(account, metrics) if reason is None else []
             reason = reason or self._check_claimed_epsilon(account, metrics, steps)
@@ -552,6 +614,8 @@ class PrivacyAwareFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate, aggregate with ``aggregate_models``, and report the round."""
+        if self.secure_aggregation is not None:
+            return self._aggregate_secure(server_round, replies)
         accepted = self.accept_replies(server_round, replies)
         entry = self.round_log[-1]
         if len(accepted) < self.min_accepted:
@@ -580,3 +644,76 @@ class PrivacyAwareFedAvg(FedAvg):
             keys.TRAIN_LOSS: float(np.mean(finite_losses)) if finite_losses else 0.0,
         })
         return arrays, metrics
+
+    # ------------------------------------------------------ secure aggregation
+    def secure_min_survivors(self, noise_shares: int) -> int:
+        """r_min of a sum whose members split the noise into ``noise_shares`` shares
+        (default: ``secagg.min-survivors``, 0 meaning all m shares)."""
+        assert self.secure_aggregation is not None
+        return self.secure_aggregation.min_survivors or noise_shares
+
+    def _sum_mechanism(self, server_round: int, node: int) -> tuple[float, float, int]:
+        """(C, per-client noise std C·σ/√m, m) of the sum ``node`` belongs to."""
+        cfg = self.node_config(server_round, self.accounts[node], self._train_config)
+        clip, sigma = float(cfg.get(keys.CLIP, 1.0)), float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
+        shares = int(cfg.get(keys.NOISE_SHARES, self.noise_shares))
+        return clip, clip * sigma / math.sqrt(shares), shares
+
+    def _aggregate_secure(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Stage 3 of the round's secure sums, the checks a sum can take, ``aggregate_sums``."""
+        replies = list(replies)
+        shapes = [a.shape for a in self._global_arrays]
+        modulus = {n: s.quantisation.modulus for s in self._sums for n in s.members}
+        inputs: dict[int, list[np.ndarray]] = {}
+        invalid: dict[int, str] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error() or node not in modulus:
+                continue
+            got = masked_input(reply, shapes, modulus[node])
+            if isinstance(got, str):
+                invalid[node] = got
+            else:
+                inputs[node] = got
+        accepted = self.accept_replies(server_round, replies, invalid)
+        entry = self.round_log[-1]
+        kept = {r.node_id for r in accepted}
+        start = time.perf_counter()
+        assert self._grid is not None
+        results = release_sums(self._grid, self._sums, {n: v for n, v in inputs.items() if n in kept}, shapes,
+                               timeout=self.handshake_timeout, ttl=self.message_ttl)
+        released, report = [], []
+        for result, state in zip(results, self._sums):
+            clip, noise_std, _ = self._sum_mechanism(server_round, state.members[0])
+            why = check_sum(result, clip, noise_std, state.quantisation.step)
+            if why:
+                log.warning("round %d: secure sum %d not used: %s", server_round, result.index, why)
+            else:
+                released.append(result)
+            report.append({"members": [self.accounts[n].client_id for n in result.members],
+                           "survivors": len(result.survivors), "released": why is None, "reason": why or "",
+                           "clip_range": state.quantisation.clipping_range, "bits": self.secure_aggregation.bits
+                           if self.secure_aggregation else 0, "modulus_bits": state.quantisation.modulus.bit_length() - 1})
+        entry["secure_sums"] = report
+        entry["bytes_up"] = int(sum(a.nbytes for n in kept if n in inputs for a in inputs[n]))
+        if not released or sum(len(r.survivors) for r in released) < self.min_accepted:
+            why = "no secure sum was released; the global model is unchanged" if not released else (
+                f"released sums hold fewer than the minimum of {self.min_accepted} inputs (min-accepted-clients)")
+            self.failed_rounds[server_round] = why
+            entry["failed"] = why
+            entry["aggregation_seconds"] = time.perf_counter() - start
+            log.error("round %d failed: %s", server_round, why)
+            return None, MetricRecord({"num-accepted": len(accepted), "num-rejected": len(entry["rejected"]),
+                                       "num-dropped": len(entry["dropped"])})
+        aggregated = self.aggregate_sums(server_round, released)
+        entry["aggregation_seconds"] = time.perf_counter() - start
+        entry.update(self.round_metrics(server_round))
+        arrays = ArrayRecord({name: Array(np.asarray(a)) for name, a in zip(self._global_names, aggregated)})
+        spent = [r.metrics[keys.EPSILON_SPENT] for r in accepted]
+        return arrays, MetricRecord({
+            "num-accepted": len(accepted), "num-rejected": len(entry["rejected"]),
+            "num-dropped": len(entry["dropped"]), "num-summed": sum(len(r.survivors) for r in released),
+            "max-epsilon-spent": float(max(spent)), "mean-epsilon-spent": float(np.mean(spent)),
+        })

@@ -27,9 +27,11 @@ strictest group's noisy sum is projected onto the top-``pfa-rank`` subspace of t
 projection needs only group *sums*, so it composes with secure aggregation (unlike the
 original PFA, which needs individual public updates).
 
-Aggregation: per-group sums go through :meth:`GDPFedStrategy._group_sum`, a plaintext sum
-today: the server is a **trusted aggregator** (it could see individual uploads), which every
-result declares. Secure aggregation replaces that one method.
+Aggregation: per-group sums go through :meth:`GDPFedStrategy._group_sum`, a plaintext sum,
+by default: the server is a **trusted aggregator** (it could see individual uploads), which
+every result declares. With ``secure-aggregation = "secagg+"`` each group is one secure sum
+(:mod:`strategies.secure_sum`) released only with all r_m members, and the server sees
+group sums only; it still knows who was sampled, which every result declares too.
 
 Privacy: each client charges (σ_m, q_m, T) once per run (:mod:`client.group_dp`); the server
 verifies σ_m, q_m and T in every reply (``expected_release``) and recomputes the client's ε
@@ -57,6 +59,7 @@ from privacy.accountants import Step
 from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
 from strategies import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.secure_sum import SumResult
 from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
 from strategies.validation import ExpectedRelease, kebab, one_of
 
@@ -64,10 +67,17 @@ log = logging.getLogger("privet.strategy")
 
 WEIGHTINGS = ("paper", "normalised")
 AGGREGATION = "trusted aggregator"
+SECURE_AGGREGATION_NAME = "secure aggregation (SecAgg+, one sum per group)"
 TRUST_NOTE = ("assumes the server sees only each group's noisy sum and not who was sampled; this run used a "
               "trusted aggregator (plaintext per-group sums), so the guarantee holds against other clients "
               "and observers of the model, and against the server only if it is trusted with individual "
               "uploads and the sample")
+SECURE_TRUST_NOTE = ("assumes the server sees only each group's noisy sum and not who was sampled; this run used "
+                     "secure aggregation, so the server saw only the group sums (released only with all r_m noise "
+                     "shares), but it chose the sample: against the server the sum of round t is a Gaussian "
+                     "mechanism with multiplier sigma_m for every sampled member, without the amplification by "
+                     "sampling that the charged eps assumes; the charged eps holds against other clients and "
+                     "observers of the model")
 
 
 class GDPFedConfig(BaseModel):
@@ -296,8 +306,6 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     """
 
     variant = Variant("gdpfed")
-    aggregation = AGGREGATION
-    guarantee_note = TRUST_NOTE
 
     def __init__(self, params: GDPFedConfig | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("dp_mode", keys.DP_UPDATE)
@@ -305,6 +313,9 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
             raise ValueError(f"'dp-mode' must be 'update' (or auto) for {self.variant.name}; "
                              f"found {kwargs['dp_mode']!r}")
         super().__init__(**kwargs)
+        secure = self.secure_aggregation is not None
+        self.aggregation = SECURE_AGGREGATION_NAME if secure else AGGREGATION
+        self.guarantee_note = SECURE_TRUST_NOTE if secure else TRUST_NOTE
         self.params = params if params is not None else GDPFedConfig()
         self.plan: GroupPlan | None = None
         self.group_of: dict[int, int] = {}
@@ -406,7 +417,8 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     def _group_sum(self, group_replies: Sequence[AcceptedReply]) -> list[np.ndarray]:
         """ȳ_m = Σ_i (θ_i − θ^t) over one group's uploads: a plaintext sum (trusted aggregator).
 
-        The one place secure aggregation plugs in: it returns the same sum without the server
+        With ``secure-aggregation = "secagg+"`` this is not used: each group is one secure sum
+        (:meth:`secure_groups`) and :meth:`aggregate_sums` receives ȳ_m without the server
         seeing any single upload.
         """
         total = [np.zeros(g.shape, np.float64) for g in self._global]
@@ -443,17 +455,43 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
         return out
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
-        """θ^{t+1} = θ^t + Σ_m ω_m ỹ_m over the groups that replied."""
+        """θ^{t+1} = θ^t + Σ_m ω_m ỹ_m over the groups that replied (plaintext group sums)."""
+        assert self.plan is not None
+        sums = {}
+        for m in range(len(self.plan.sizes)):
+            group = [r for r in replies if self.group_of.get(r.node_id) == m]
+            if group:
+                sums[m] = (len(group), self._group_sum(group))
+        return self._step(server_round, sums)
+
+    def secure_groups(self, server_round: int, chosen: list[int]) -> list[list[int]]:
+        """One secure sum per budget group: S_m^t."""
+        assert self.plan is not None
+        return [[n for n in chosen if self.group_of.get(n) == m] for m in range(len(self.plan.sizes))]
+
+    def secure_min_survivors(self, noise_shares: int) -> int:
+        """r_m: a group sum carries σ_m only with all r_m noise shares, which is what the
+        clients charge (once per run), so a group sum is released only when all r_m survive."""
+        return noise_shares
+
+    def aggregate_sums(self, server_round: int, sums: list[SumResult]) -> list[np.ndarray]:
+        """θ^{t+1} = θ^t + Σ_m ω_m ỹ_m over the released group sums ȳ_m (secure aggregation)."""
+        by_group = {self.group_of[r.members[0]]: (len(r.survivors), [np.asarray(a, np.float64) for a in r.total])
+                    for r in sums if r.total is not None}
+        return self._step(server_round, by_group)
+
+    def _step(self, server_round: int, sums: dict[int, tuple[int, list[np.ndarray]]]) -> list[np.ndarray]:
+        """θ^t + Σ_m ω_m ỹ_m from the group sums ``m -> (inputs, ȳ_m)``; ỹ_m = post_process(ȳ_m)."""
         assert self.plan is not None
         diag: dict[str, float] = {}
         step = [np.zeros(g.shape, np.float64) for g in self._global]
         order = range(len(self.plan.sizes))
         for m in (reversed(order) if self.variant.pfa else order):  # PFA: the public sum first
-            group = [r for r in replies if self.group_of.get(r.node_id) == m]
-            diag[f"gdpfed-group{m + 1}-accepted"] = float(len(group))
-            if not group:
+            count, total = sums.get(m, (0, []))
+            diag[f"gdpfed-group{m + 1}-accepted"] = float(count)
+            if not count:
                 continue
-            y = self.post_process(server_round, m, self._group_sum(group))
+            y = self.post_process(server_round, m, total)
             for j, a in enumerate(y):
                 step[j] += self.plan.weights[m] * a
         self._diagnostics[server_round] = diag
@@ -465,11 +503,11 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
 
     def summary(self) -> None:
         super().summary()
-        log.info("%s: %s; aggregation: %s", self.variant.name, self.params.model_dump(by_alias=True), AGGREGATION)
+        log.info("%s: %s; aggregation: %s", self.variant.name, self.params.model_dump(by_alias=True), self.aggregation)
 
     def describe(self) -> dict[str, Any]:
         """What results.summary.json records about the groups."""
-        return {"variant": self.variant.name, "aggregation": AGGREGATION,
+        return {"variant": self.variant.name, "aggregation": self.aggregation,
                 "plan": self.plan.as_dict() if self.plan is not None else None}
 
 

@@ -117,3 +117,13 @@ DPFEDC_GRAD_CLIP: Final = "dpfedc-grad-clip"  # G, per-minibatch gradient bound 
 DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
 DPFEDC_PLANNED_ROUNDS: Final = "dpfedc-planned-rounds"  # rounds a rigorous client plans its noise for (0: all)
 # <<< DP-FedC <<<
+
+# --- secure aggregation (appended) -------------------------------------------------
+# Inside Flower's SecAgg+ config record ("secaggplus_configs") of the setup stage: r_min,
+# the fewest inputs a released sum may hold (client.secure_sum, privacy.secure_sum).
+SECURE_MIN_SURVIVORS: Final = "privet-min-survivors"
+#: Error-reason prefix of a client that refuses a secure-sum stage (too few survivors, a
+#: forged share, a malformed stage): it sent nothing that would release its update.
+SECURE_SUM_REFUSED: Final = "secure-sum-refused"
+#: Reply meta: the secure-sum floor r_min a client charged for ("0": no secure sum).
+SECURE_SURVIVORS: Final = "secure-min-survivors"
