@@ -336,3 +336,21 @@ def test_the_gdpfed_section_is_in_the_apps_config_and_takes_lists_as_text():
     assert cfg.gdpfed.sample_rates == (0.0069, 0.0189, 0.0342)
     with pytest.raises(ConfigError, match="gdpfed.sparsity.*comma-separated numbers"):
         RunConfig.from_flower({**defaults, "gdpfed.sparsity": "most"})
+
+
+def test_secure_aggregation_sums_each_group_and_says_who_chose_the_sample(run_config_factory):
+    """With secagg+ every group is one secure sum released with all r_m members; the result
+    names the aggregation and states the trust model (the server still chose the sample)."""
+    summary, grid = _gdpfed_run(run_config_factory, strategy="gdpfed", secure_aggregation="secagg+")
+    plan = summary["group_dp"]["plan"]
+    assert summary["group_dp"]["aggregation"].startswith("secure aggregation")
+    assert summary["rounds_completed"] == 3 and not summary["failed_rounds"]
+    out = Path(run_config_factory()["out-dir"])
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()[1:]]
+    for row in rows:
+        sums = row["secure_sums"]
+        assert [s["survivors"] for s in sums] == [r for r in plan["counts"] if r > 0]
+        assert all(s["released"] for s in sums)
+        assert sum(len(s["members"]) for s in sums) == len(row["accepted"])
+    for c in summary["clients"]:
+        assert c["within_budget"] and "chose the sample" in c["guarantee"]
