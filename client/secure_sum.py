@@ -106,11 +106,14 @@ def secure_sum_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) ->
 
 
 def _setup_with_survivors(state: SecAggPlusState, configs: ConfigRecord) -> dict:
+    """Flower's setup, plus r_min (kept in the state) and a modulus that int64 arithmetic holds."""
     floor = int(cast(int, configs.get(keys.SECURE_MIN_SURVIVORS, 1)))
-    if not 1 <= floor <= int(cast(int, configs[Key.SAMPLE_NUMBER])):
-        raise ValueError(f"'{keys.SECURE_MIN_SURVIVORS}' must be in [1, {configs[Key.SAMPLE_NUMBER]}]; found {floor}")
-    if int(cast(int, configs[Key.MOD_RANGE])) > 2**62:
-        raise ValueError(f"modulus {configs[Key.MOD_RANGE]} above 2**62")
+    members = int(cast(int, configs[Key.SAMPLE_NUMBER]))
+    if not 1 <= floor <= members:
+        raise ValueError(f"'{keys.SECURE_MIN_SURVIVORS}' must be in [1, {members}]; found {floor}")
+    modulus = int(cast(int, configs[Key.MOD_RANGE]))
+    if modulus > 2**62:
+        raise ValueError(f"modulus {modulus} above 2**62")
     state.min_survivors = floor  # type: ignore[attr-defined]  # kept in the state record
     return _setup(state, configs)
 
@@ -139,8 +142,8 @@ def _train_inside_sum(state: SecAggPlusState, configs: ConfigRecord, msg: Messag
 
 def _masked_update(state: SecAggPlusState, msg: Message, content: RecordDict) -> dict:
     """Quantise ỹ = trained − global, add the self mask and the pairwise masks, mod M."""
-    trained = content[keys.ARRAYS].to_numpy_ndarrays()
-    sent = msg.content[keys.ARRAYS].to_numpy_ndarrays()
+    trained = content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+    sent = msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
     update = [np.asarray(t, np.float64) - np.asarray(g, np.float64) for t, g in zip(trained, sent, strict=True)]
     if not all(np.isfinite(u).all() for u in update):
         raise ValueError("the privatised update is not finite")

@@ -81,7 +81,7 @@ class SecureAggregation(BaseModel):
     clip_probability: float = Field(1e-9, gt=0.0, lt=1.0)
 
     def shamir_threshold(self, members: int) -> int:
-        """t for a sum of ``members`` clients: ⌈fraction·members⌉, at least 2, at most members."""
+        """T for a sum of ``members`` clients: ⌈fraction·members⌉, at least 2, at most members."""
         return min(members, max(2, math.ceil(self.threshold * members)))
 
 
@@ -140,8 +140,11 @@ def _answers(grid: Grid, messages: list[Message], timeout: float) -> dict[int, M
 def open_sums(grid: Grid, groups: Sequence[Sequence[int]], quantisations: Sequence[Quantisation],
               min_survivors: Sequence[int], cfg: SecureAggregation, timeout: float,
               ttl: float | None) -> list[SumState]:
-    """Stages 0 and 1 for every sum at once (sum i: members ``groups[i]``, floor
-    ``min_survivors[i]``); returns the sums, some possibly abandoned."""
+    """Stages 0 and 1 for every sum at once; returns the sums, some possibly abandoned.
+
+    Sum i has the members ``groups[i]``, the quantisation ``quantisations[i]`` and the floor
+    r_min = ``min_survivors[i]``.
+    """
     sums = [SumState(i, sorted(g), cfg.shamir_threshold(len(g)), r, q)
             for i, (g, q, r) in enumerate(zip(groups, quantisations, min_survivors, strict=True))]
     setup = []
