@@ -366,6 +366,9 @@ def _train_with_ledger(
         if secure is not None and (mode != keys.DP_UPDATE or cfg.get(keys.PERSONALIZATION, "")):
             raise ValueError(f"a secure sum needs dp-mode '{keys.DP_UPDATE}' without personalization; "
                              f"found dp-mode {mode!r}")
+        if secure is not None and group is None and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0:
+            raise ValueError("a secure sum needs a common 'noise-multiplier' > 0: each member counts on the others "
+                             "adding the same share of the noise, which budgets calibrated per client would not")
         if secure is not None and group is not None and secure < group.shares:  # GDPFed charges σ_m: all r_m
             raise ValueError(f"a group sum released with {secure} of its {group.shares} noise shares carries less "
                              "noise than the group's sigma_m that this client charges")

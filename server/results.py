@@ -248,7 +248,7 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
     lines += [
         "- every reply also carries the client's example count (public under replace-one), its budget, delta and",
         "  spent epsilon, and the mechanism's sigma, q and step count: functions of public figures only;",
-        "- secure aggregation is not used: the server sees every upload, and each is charged on its own;",
+        *_secure_lines(summary.get("secure_aggregation")),
         "- floating-point attacks on the Gaussian sampler are not countered.",
         "",
         "'spent eps' is the client's own ledger (cumulative over all runs it took part in); 'server check' is",
@@ -257,6 +257,18 @@ def format_privacy_report(summary: dict[str, Any]) -> str:
         "below that recomputation is rejected. The server cannot see the noise a client actually added.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _secure_lines(secure: Any) -> list[str]:
+    """The report's lines on who saw individual uploads."""
+    if not isinstance(secure, dict):
+        return ["- secure aggregation is not used: the server sees every upload, and each is charged on its own;"]
+    return [
+        f"- secure aggregation ({secure['protocol']}, threshold {secure['threshold']}, r_min "
+        f"{secure['min-survivors'] or 'noise-shares'}, {secure['bits']} bits): {secure['trust_model']};",
+        "  it cannot stop a malicious client from sending an unclipped update (only a gross one fails the sum's",
+        "  norm check), and the quantisation before the sum is outside the accounting;",
+    ]
 
 
 def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:

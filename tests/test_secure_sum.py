@@ -246,3 +246,15 @@ def test_bad_secure_aggregation_config_names_the_key(run_config_factory, overrid
     cfg.update(overrides)
     with pytest.raises(ConfigError, match=key):
         RunConfig.from_flower(cfg)
+
+
+def test_clients_refuse_a_secure_sum_with_per_client_calibrated_noise(run_config_factory, monkeypatch):
+    """Each member counts on the others adding the same noise share; a server that skips the
+    config check and lets every client calibrate its own σ gets refusals, nothing charged."""
+    from server.config import RunConfig as Config
+
+    monkeypatch.setattr(Config, "_check_secure_aggregation", lambda self: None)
+    probe = Probe(monkeypatch)
+    summary = probe.run(_config(run_config_factory, noise_multiplier=0.0), expect_failure=True)
+    assert all(c["epsilon_spent"] == 0 and c["rejections"] for c in summary["clients"])
+    assert all("common 'noise-multiplier'" in r["reason"] for c in summary["clients"] for r in c["rejections"])
