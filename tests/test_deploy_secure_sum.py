@@ -70,3 +70,40 @@ def test_secure_sum_on_flowers_ray_simulation(tmp_path, capsys):
     assert summary["rounds_completed"] == 2 and not summary["failed_rounds"]
     rows = [r for r in read_rounds(out) if r.get("round", 0) > 0]
     assert all(r["secure_sums"][0]["released"] and r["secure_sums"][0]["survivors"] == 3 for r in rows)
+
+
+GDPFED_BUDGETS = [0.6, 0.8, 1.6, 2.0, 3.5, 5.0]  # two sites per group of gdpfed.group-epsilons (0.5, 1.5, 3)
+
+
+def test_gdpfed_plus_with_secure_group_sums_over_grpc(tmp_path):
+    """Sites declare budgets in three groups; every round is one secure sum per group over
+    gRPC, released with all r_m members, and every site stays within its own budget."""
+    n = len(GDPFED_BUDGETS)
+    certs, keys = generate_certs(tmp_path / "deploy", n)
+    dep = SecureDeployment(tmp_path / "procs", certs)
+    try:
+        dep.start_superlink(auth=True)
+        node_ids = [dep.register(keys / f"supernode-{i}.pub") for i in range(n)]
+        for i, eps in enumerate(GDPFED_BUDGETS):
+            dep.start_supernode(f"supernode-{i}", {"partition-id": i, "num-partitions": n, "client-id": f"site-{i}",
+                                                   "epsilon": eps, "delta": 1e-5}, key=keys / f"supernode-{i}")
+        dep.wait_online(node_ids)
+        out = tmp_path / "results"
+        run = {**FAST, "strategy": "gdpfed-plus", "num-clients": n, "min-train-clients": n, "gdpfed.q": 1.0,
+               "max-examples-per-client": 32, "batch-size": 8, "secure-aggregation": "secagg+",
+               "budget-distribution": "groups",  # checked at start like a simulation; sites declare their own
+               "num-server-rounds": 1, "round-timeout": 300.0, "out-dir": str(out)}
+        status = dep.run_app(run, timeout=600)
+        assert status["status"] == "finished:completed", dep.logs()
+        summary = json.loads((out / "summary.json").read_text())
+        plan = summary["group_dp"]["plan"]
+        assert summary["group_dp"]["aggregation"].startswith("secure aggregation")
+        rows = [r for r in read_rounds(out) if r.get("round", 0) > 0]
+        assert len(rows) == 1
+        for row in rows:
+            assert [s["survivors"] for s in row["secure_sums"]] == plan["counts"] == [2, 2, 2], row
+            assert all(s["released"] for s in row["secure_sums"]), row
+        for c in summary["clients"]:
+            assert c["within_budget"] and 0 < c["epsilon_spent"] <= c["epsilon_budget"], c
+    finally:
+        dep.stop_all()
