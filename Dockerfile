@@ -78,6 +78,8 @@ RUN rm -f /usr/share/datasets/fashion-mnist/README.md /usr/share/datasets/fashio
 WORKDIR /opt/privet
 COPY pyproject.toml README.md ./
 COPY server/ server/
+COPY protocol/ protocol/
+COPY privet/ privet/
 COPY client/ client/
 COPY strategies/ strategies/
 COPY privacy/ privacy/

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 # Parameter shapes (PyTorch layout), hard-coded so the benchmark does not depend on
-# tasks/. Sources: /work/shared/notes/fedceo.md §3.2 and original-code.md "Data and
+# tasks/. Sources: docs/notes/fedceo.md §3.2 and docs/notes/original-code.md "Data and
 # models" (authors' models.py).
 # MLP-2 ("MLP-2-Layers", EMNIST): Linear(784→64, bias=False), Linear(64→C, bias=False),
 # with C = 37 as in the authors' train.sh (--num_classes 37).

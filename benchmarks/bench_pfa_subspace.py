@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Parameter shapes (TensorFlow/Keras layout: dense (in, out), conv (h, w, in, out)),
 # hard-coded so the benchmark does not depend on tasks/. Source:
-# /work/shared/notes/pfa.md §3.2 (authors' modules/logistic_reg.py and modules/cnn.py).
+# docs/notes/pfa.md §3.2 (authors' modules/logistic_reg.py and modules/cnn.py).
 # LogR: W 784×10 and b 10, p = 7,850 (Table 5).
 LOGR_SHAPES: list[tuple[int, ...]] = [(784, 10), (10,)]
 # "2-layer CNN", the TF-Privacy tutorial CNN, p = 26,010 (Table 5), 8 tensors:
@@ -109,6 +109,8 @@ def measure(
 ) -> dict[str, float]:
     """Median seconds of every timed step for one model and one k."""
     from strategies import pfa_projection as pfa
+    from protocol import pfa_plus
+    from strategies import layers
 
     public = [u for u, p in zip(updates, public_mask, strict=True) if p]
     private = [u for u, p in zip(updates, public_mask, strict=True) if not p]
@@ -116,7 +118,7 @@ def measure(
 
     def encode(update: list[Any]) -> list[Any]:
         return [
-            pfa.encode_coordinates(layer, s.basis, center=s.center)
+            pfa_plus.encode_coordinates(layer, s.basis, center=s.center)
             for layer, s in zip(update, subspaces, strict=True)
         ]
 
@@ -124,7 +126,7 @@ def measure(
     ones = [1.0] * len(eps)
     eps_public, eps_private = eps[public_mask], eps[~public_mask]
     steps: dict[str, Callable[[], object]] = {
-        "fedavg": lambda: pfa.weighted_mean(updates, ones),
+        "fedavg": lambda: layers.weighted_mean(updates, ones),
         "exact": lambda: pfa.pfa_aggregate(updates, eps, k=k, public_mask=public_mask),
         "randomized": lambda: pfa.pfa_aggregate(
             updates, eps, k=k, public_mask=public_mask, method="randomized"

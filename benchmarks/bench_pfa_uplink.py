@@ -62,9 +62,9 @@ def run_counted(model: str, strategy: str, args: argparse.Namespace, out_dir: st
 
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.cli import app_defaults
-    from server.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
-    from strategies import keys
+    from privet.cli import app_defaults
+    from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+    from protocol import keys
 
     cfg = app_defaults()
     cfg.update({
@@ -94,7 +94,7 @@ def run_counted(model: str, strategy: str, args: argparse.Namespace, out_dir: st
 
 def public_partitions(summary: dict[str, Any], fraction: float) -> set[int]:
     """The public set as the strategies compute it: split over every client's budget."""
-    from strategies.pfa_projection import split_public_private
+    from strategies.pfa_split import split_public_private
 
     clients = sorted(summary["clients"], key=lambda c: int(c["client_id"]))
     public, _ = split_public_private([c["epsilon_budget"] for c in clients], public_fraction=fraction)

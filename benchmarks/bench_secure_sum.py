@@ -42,8 +42,8 @@ from flwr.common.serde import recorddict_to_proto  # noqa: E402
 
 from client.secure_sum import secure_sum_mod  # noqa: E402
 from privacy.secure_sum import quantisation_for  # noqa: E402
-from server.inprocess import InProcessGrid  # noqa: E402
-from strategies import keys  # noqa: E402
+from privet.inprocess import InProcessGrid  # noqa: E402
+from protocol import keys  # noqa: E402
 from strategies.secure_sum import (  # noqa: E402
     SecureAggregation,
     collect_messages,

@@ -38,7 +38,10 @@ from privacy.centroid_noise import (
     privatize_centroids,
 )
 from privacy.randomness import NoiseSource
-from strategies import keys
+from client.replies import error_reply, privacy_metrics, reply_meta, stale_reason
+from client.round_plan import client_seed, noise_for, plan_round
+from protocol import keys
+from protocol.errors import ERROR_BUDGET, ERROR_CONFIG, ERROR_STALE
 from tasks.clustering import (
     ClusteringParams,
     check_centroids,
@@ -84,7 +87,7 @@ class RoundResult:
 def client_round(x: np.ndarray, h: np.ndarray, w: np.ndarray, t: int, params: ClusteringParams,
                  privacy: RoundPrivacy, uniform: Callable[[int], np.ndarray],
                  noise: NoiseSource | None, upload: bool = True) -> RoundResult:
-    """Lines 8-22 of Algorithm 1 for one client (notes §3.2).
+    """Lines 8-22 of Algorithm 1 for one client (docs/notes/dpfedc.md §3.2).
 
     x : X_i (m × n_i); h : H_i^{t−1} (k × n_i); w : the broadcast W^t (m × k); t >= 1.
     ``uniform`` draws the minibatches (not DP randomness); ``noise`` the Gaussian ξ_i.
@@ -152,7 +155,7 @@ def params_from(cfg: ConfigRecord) -> ClusteringParams:
 def load_client_data(run_config: dict, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
     """X_i (m × n_i) of this partition: the dataset named by ``dpfedc.dataset`` split with
     ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner)."""
-    from strategies.dpfedc import DPFedCConfig
+    from protocol.dpfedc import DPFedCConfig
     from tasks.clustering import load_clustering_data, split
 
     d = DPFedCConfig.from_run_config(run_config)
@@ -166,22 +169,11 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
     """The train handler for DP-FedC (``client.app.train`` dispatches here under the lock).
 
     Plans the round's noise (rigorous: z calibrated once per run from the client's budget
-    with :func:`client.app._plan_round`; paper: from ε̄ by (32) inverted), refuses a round
+    with :func:`client.round_plan.plan_round`; paper: from ε̄ by (32) inverted), refuses a round
     that would exceed the budget, runs :func:`client_round`, charges the ledger one
     ``(z, 1, 1)`` release (mode ``update``: it bounds the whole local data set's influence),
     keeps H_i and answers with W̃_i and covered metrics only.
     """
-    from client.app import (
-        ERROR_BUDGET,
-        ERROR_CONFIG,
-        _client_seed,
-        _error,
-        _meta,
-        _noise_for,
-        _plan_round,
-        _privacy_metrics,
-        _stale,
-    )
     from client.ledger_store import load_ledger, store_ledger
     from privacy.accountants import DEFAULT_ACCOUNTANT
     from privacy.exceptions import PrivacyBudgetExhausted
@@ -195,13 +187,13 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
         server_round = int(cfg[keys.SERVER_ROUND])
         w = check_centroids(msg.content[keys.ARRAYS].to_numpy_ndarrays()[0], x.shape[0], params.k)
     except (ValueError, KeyError, IndexError, FileNotFoundError) as exc:
-        return _error(msg, ERROR_CONFIG, f"config-error: {exc}")
+        return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     n = x.shape[1]
     clip = float(cfg.get(keys.CLIP, 1.0))
     grad_clip = float(cfg.get(keys.DPFEDC_GRAD_CLIP, 0.0)) or math.inf
     if mode == keys.DP_NONE:
         if math.isfinite(ledger.epsilon_budget):
-            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
+            return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
                           f"budget (eps={ledger.epsilon_budget:g}) and refuses non-private training")
         privacy, charged = RoundPrivacy("none"), 0.0
     elif calibration == "paper":
@@ -212,41 +204,41 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
         privacy = RoundPrivacy("paper", grad_clip=grad_clip, paper_epsilon=eps_round, delta=ledger.delta)
         charged = paper_noise_multiplier(eps_round, ledger.delta, q)
         if not math.isfinite(grad_clip):
-            return _error(msg, ERROR_CONFIG, "config-error: the paper calibration needs dpfedc.grad-clip (G) > 0")
+            return error_reply(msg, ERROR_CONFIG, "config-error: the paper calibration needs dpfedc.grad-clip (G) > 0")
     else:
         planned = int(cfg.get(keys.DPFEDC_PLANNED_ROUNDS, 0)) or int(cfg[keys.NUM_ROUNDS])
         try:
-            plan = _plan_round(ConfigRecord({**dict(cfg), keys.NUM_ROUNDS: planned, keys.NOISE_SHARES: 1}),
+            plan = plan_round(ConfigRecord({**dict(cfg), keys.NUM_ROUNDS: planned, keys.NOISE_SHARES: 1}),
                                ledger, context, n)
         except (PrivacyBudgetExhausted, ValueError) as exc:
-            return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+            return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
         charged = plan.charged_multiplier
         privacy = RoundPrivacy("rigorous", clip=clip, grad_clip=grad_clip, noise_multiplier=charged,
                                delta=ledger.delta)
     if mode != keys.DP_NONE and ledger.would_exceed(charged, 1.0, 1):
-        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
+        return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
                       f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it")
 
-    seed = _client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
+    seed = client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
     folder = profile.shard_cache or (str(Path(profile.ledger_path).parent) if profile.ledger_path else None)
     path = memberships_path(folder, profile.client_id, int(context.run_id))
-    h = load_memberships(context, path, params.k, n, _client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, 0))
+    h = load_memberships(context, path, params.k, n, client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, 0))
     batches = np.random.default_rng(seed)  # minibatch choice: not DP randomness
-    result = client_round(x, h, w, server_round, params, privacy, batches.random, _noise_for(profile, seed))
-    stale = _stale(msg)
+    result = client_round(x, h, w, server_round, params, privacy, batches.random, noise_for(profile, seed))
+    stale = stale_reason(msg)
     if stale:
-        return _error(msg, keys_error_stale(), stale)
+        return error_reply(msg, ERROR_STALE, stale)
     before = ledger.spent()
     try:  # a non-private round is charged (0, 1, 1): eps = inf, as in client.app
         ledger.record(charged, 1.0, 1, server_round=server_round, run_id=int(context.run_id),
                       mode=keys.DP_UPDATE if mode != keys.DP_NONE else keys.DP_NONE)
     except PrivacyBudgetExhausted as exc:
-        return _error(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
+        return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
     store_ledger(ledger, profile, context)
     store_memberships(context, path, result.memberships)  # H_i stays here, never in the reply
     metrics: dict[str, float | int] = {
         keys.NUM_EXAMPLES: int(n),
-        **_privacy_metrics(ledger, before),
+        **privacy_metrics(ledger, before),
         keys.NOISE_MULTIPLIER: float(charged),
         keys.SAMPLE_RATE: 1.0,
         keys.CLIP: grad_clip if calibration == "paper" and mode != keys.DP_NONE else clip,  # never η
@@ -256,14 +248,8 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
         metrics[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
         if result.release:
             metrics[keys.UPDATE_NORM] = result.release.update_norm
-    meta = _meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
+    meta = reply_meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
                              keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
     arrays = ArrayRecord({"centroids": Array(np.asarray(result.upload, np.float64))})
     return Message(RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
                    reply_to=msg)
-
-
-def keys_error_stale() -> int:
-    from client.app import ERROR_STALE
-
-    return ERROR_STALE

@@ -31,7 +31,7 @@ from privacy.accountants import Step
 from privacy.ledger import PrivacyLedger
 from privacy.mechanisms import privatize_update
 from privacy.randomness import NoiseSource
-from strategies import keys
+from protocol import keys
 from tasks.datasets import ArrayDataset
 from tasks.models import get_weights, set_weights
 

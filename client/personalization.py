@@ -22,7 +22,7 @@ in one of two ways:
     trained by DP-SGD at rate (1+α)η and its change Δw is split exactly:
     u = u₀ + Δw/(1+α), v_k ← v_k + αΔw/(1+α). Both are DP (post-processing).
 ``head`` (CENTAUR, Shen et al. 2023)
-    The head is the model's last Linear layer (``strategies.personalized.
+    The head is the model's last Linear layer (``tasks.models.
     head_parameter_names``), the body everything else. The client loads its local head
     (the received global head at its first round), trains the head for ``head-epochs``
     epochs with the body frozen, then the body for ``local-epochs`` epochs with the head
@@ -59,11 +59,18 @@ from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.accountants import Step
 from privacy.mechanisms import local_noise_multiplier, privatize_update
 from privacy.randomness import NoiseSource
-from strategies import keys
-from strategies.personalized import head_parameter_names
+from protocol import keys
 from tasks.datasets import ArrayDataset
 from tasks.partition import HOLDOUT_FRACTION, training_size
-from tasks.models import _seeded_torch, get_weights, set_weights, train_plain, unwrap, weight_names
+from tasks.models import (
+    get_weights,
+    head_parameter_names,
+    seeded_torch,
+    set_weights,
+    train_plain,
+    unwrap,
+    weight_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +208,7 @@ def _train_additive(
     generator = torch.Generator().manual_seed(cfg.seed)
     module.train()
     total, seen, steps = 0.0, 0, 0
-    with _seeded_torch(cfg.seed):  # dropout draws, as in train_plain
+    with seeded_torch(cfg.seed):  # dropout draws, as in train_plain
         for _ in range(cfg.epochs):
             order = torch.randperm(len(data), generator=generator).numpy()
             for start in range(0, len(data), cfg.batch_size):

@@ -1,12 +1,7 @@
 """PFA+'s ``coordinates`` upload: k values per layer instead of the model (Alg. 4 l. 13).
 
-A private PFA+ client receives, beside the global model, the ArrayRecord
-``"pfa-basis"`` (``keys.PFA_BASIS_RECORD``) holding for every model array ℓ the previous
-round's basis ``"basis/<ℓ>"`` (V_ℓ, d_ℓ × k_ℓ) and, when the server centres, the centre
-``"center/<ℓ>"`` (μ_ℓ, d_ℓ). It uploads c_ℓ = V_ℓᵀ(Δ_ℓ − μ_ℓ) with Δ = trained − global,
-one vector of k_ℓ values per model array, in the model's order and dtype, under the
-model arrays' names. Importing this module registers the encoder in
-``client.uploads.ENCODERS``.
+The wire format (the basis record, c_ℓ = V_ℓᵀ(Δ_ℓ − μ_ℓ) per model array) is
+:mod:`protocol.pfa_plus`. :mod:`client.uploads` lists the encoder.
 """
 
 from __future__ import annotations
@@ -16,9 +11,8 @@ from typing import Sequence
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from client.uploads import ENCODERS
-from strategies import keys
-from strategies.pfa_projection import encode_coordinates
+from protocol import keys
+from protocol.pfa_plus import encode_coordinates
 
 
 def encode_pfa_coordinates(
@@ -50,6 +44,3 @@ def encode_pfa_coordinates(
         coords = encode_coordinates(update, subspace[basis_key].numpy(), center=center)
         coordinates[name] = Array(coords.astype(np.asarray(end).dtype))
     return ArrayRecord(coordinates)
-
-
-ENCODERS[keys.UPLOAD_COORDINATES] = encode_pfa_coordinates

@@ -42,11 +42,11 @@ from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from privacy.secure_sum import add_mod, mask
-from strategies import keys
+from protocol import keys
+from protocol.errors import ERROR_SECURE_SUM
 
 log = logging.getLogger("privet.client")
 
-ERROR_SECURE_SUM = 4007
 
 #: ``context.state`` record the mod sets while the train handler runs inside a secure sum.
 MARKER = "privet.secure-sum"

@@ -2,8 +2,8 @@
 
 The server chooses the format per node in the train config (``upload-format``); the only
 compressed format is PFA+'s ``coordinates`` (the update projected on the basis the server
-sent down, k values per layer). Encoders are registered here so that the ClientApp stays
-free of method-specific code.
+sent down, k values per layer, :mod:`client.pfa_coordinates`). The table of encoders lives
+here so that the ClientApp stays free of method-specific code.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Callable, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from strategies import keys
+from client.pfa_coordinates import encode_pfa_coordinates
+from protocol import keys
 
 FULL = "full"
 
 #: format name -> encoder(request content, global weights, trained weights) -> ArrayRecord
 Encoder = Callable[[RecordDict, Sequence[np.ndarray], Sequence[np.ndarray]], ArrayRecord]
-ENCODERS: dict[str, Encoder] = {}
+ENCODERS: dict[str, Encoder] = {keys.UPLOAD_COORDINATES: encode_pfa_coordinates}
 
 
 def encode_upload(
@@ -32,5 +33,3 @@ def encode_upload(
     if fmt not in ENCODERS:
         raise ValueError(f"'{keys.UPLOAD_FORMAT}' must be one of {[FULL, *ENCODERS]}; found {fmt!r}")
     return ENCODERS[fmt](request, global_weights, trained)
-
-from client import pfa_coordinates  # noqa: E402,F401  (registers "coordinates")

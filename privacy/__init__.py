@@ -18,7 +18,7 @@ exceptions
 Importing this package does not import Opacus or torch; accounting imports them lazily.
 """
 
-from privacy.accountants import ACCOUNTANTS, PrivacyAccountant, Step, epsilon_of
+from privacy.accountants import ACCOUNTANTS, Step, epsilon_of
 from privacy.budgets import BUDGET_DISTRIBUTIONS, budget_for, budgets_for, group_of
 from privacy.calibration import epsilon_for, noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
@@ -34,7 +34,6 @@ from privacy.mechanisms import (
 __all__ = [
     "ACCOUNTANTS",
     "BUDGET_DISTRIBUTIONS",
-    "PrivacyAccountant",
     "PrivacyBudgetExhausted",
     "PrivacyLedger",
     "Step",

@@ -39,19 +39,16 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from privacy._validation import (
+from privacy.checks import (
     check_choice,
     check_delta,
-    check_int,
-    check_positive,
-    check_release,
     check_step,
 )
 
@@ -66,8 +63,6 @@ __all__ = [
     "PRV_EPS_ERROR",
     "PRV_MAX_EPSILON",
     "RDP_ORDERS",
-    "SCHEMA_VERSION",
-    "PrivacyAccountant",
     "Step",
     "canonical_history",
     "epsilon_of",
@@ -120,9 +115,6 @@ PRV_MAX_EPSILON = 50.0
 #: history composed at once and the same history recorded in pieces, far below the
 #: accountants' own numerical error.
 BUDGET_RTOL = 1e-9
-
-#: Version of the ``to_dict`` / ledger JSON layout.
-SCHEMA_VERSION = 1
 
 
 def _opacus_accountants() -> ModuleType:
@@ -349,103 +341,3 @@ def _prv_epsilon(steps: tuple[Step, ...], delta: float, rdp_eps: float) -> float
         log.warning("PRV accountant returned NaN; using the RDP bound %.6g", rdp_eps)
         return rdp_eps
     return max(0.0, min(eps, rdp_eps))
-
-
-class PrivacyAccountant:
-    """A history of subsampled Gaussian mechanisms and the cumulative ε it spends.
-
-    A thin, serialisable wrapper around :func:`epsilon_of`: the history *is* the state,
-    and ε is recomputed from it (replay), so no accountant-internal state needs saving.
-
-    Parameters
-    ----------
-    kind : {"rdp", "prv"}
-        Which accountant converts the history to ε.
-    history : iterable of (float, float, int), optional
-        Initial ``(σ, q, n)`` entries.
-    """
-
-    def __init__(self, kind: str = "rdp", history: Iterable[Sequence[Any]] = ()) -> None:
-        self.kind: str = check_choice("kind", kind, ACCOUNTANTS)
-        self.history: list[Step] = []
-        for i, raw in enumerate(history):
-            step = check_step(raw, name=f"history[{i}]")
-            if step[1] > 0.0 and step[2] > 0:
-                merge_step(self.history, step)
-
-    def __repr__(self) -> str:
-        return f"PrivacyAccountant(kind={self.kind!r}, history={self.history!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, PrivacyAccountant):
-            return NotImplemented
-        return self.kind == other.kind and self.history == other.history
-
-    def compose(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
-        """Record ``steps`` runs of a q-subsampled Gaussian mechanism with multiplier σ.
-
-        Raises
-        ------
-        ValueError
-            If σ < 0 or not finite, q not in (0, 1], or ``steps`` < 1.
-        """
-        merge_step(self.history, check_release(noise_multiplier, sample_rate, steps))
-
-    def epsilon(self, delta: float) -> float:
-        """Cumulative ε at ``delta`` of everything composed so far (an upper bound)."""
-        return epsilon_of(self.history, delta, self.kind)
-
-    def would_exceed(
-        self,
-        noise_multiplier: float,
-        sample_rate: float,
-        steps: int,
-        *,
-        budget: float,
-        delta: float,
-    ) -> bool:
-        """Whether composing ``(σ, q, steps)`` would take ε at ``delta`` past ``budget``.
-
-        The comparison allows a relative slack of :data:`BUDGET_RTOL` (float round-off);
-        ``budget = math.inf`` is never exceeded. Nothing is recorded.
-        """
-        budget = check_positive("budget", budget)
-        step = check_release(noise_multiplier, sample_rate, steps)
-        return exceeds_budget(epsilon_of([*self.history, step], delta, self.kind), budget)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe state: ``{"schema_version", "kind", "history": [[σ, q, n], ...]}``."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": self.kind,
-            "history": [[float(s), float(q), int(n)] for s, q, n in self.history],
-        }
-
-    @classmethod
-    def from_dict(cls, state: Mapping[str, Any]) -> PrivacyAccountant:
-        """Rebuild an accountant from :meth:`to_dict` output.
-
-        Raises
-        ------
-        ValueError
-            If ``state`` is not a mapping with exactly the keys ``schema_version``,
-            ``kind`` and ``history``, of a supported version and with valid entries.
-        """
-        expected = {"schema_version", "kind", "history"}
-        if not isinstance(state, Mapping):
-            raise ValueError(f"accountant state must be a mapping; found {type(state).__name__}")
-        keys = set(state)
-        if keys != expected:
-            raise ValueError(
-                f"accountant state must have exactly the keys {sorted(expected)}; "
-                f"missing {sorted(expected - keys)}, unexpected {sorted(map(str, keys - expected))}"
-            )
-        version = check_int("schema_version", state["schema_version"], minimum=0)
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"accountant state has schema_version {version}; supported: {SCHEMA_VERSION}"
-            )
-        history = state["history"]
-        if not isinstance(history, (list, tuple)):
-            raise ValueError(f"accountant state 'history' must be a list; found {history!r}")
-        return cls(kind=state["kind"], history=history)

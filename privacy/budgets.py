@@ -47,7 +47,7 @@ from typing import Final
 
 import numpy as np
 
-from privacy._validation import check_choice, check_int, check_positive_finite
+from privacy.checks import check_choice, check_int, check_positive_finite
 
 __all__ = [
     "BUDGET_DISTRIBUTIONS",

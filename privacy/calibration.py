@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-from privacy._validation import (
+from privacy.checks import (
     check_choice,
     check_delta,
     check_int,

@@ -1,7 +1,7 @@
 """Noise for DP-FedC's centroid uploads: the rigorous mode and the paper's eq. (29).
 
 What a sampled client releases in round t is W̃_i = W^t + Δ_i + ξ_i with Δ_i = W_i^t − W^t
-its local change of the broadcast centroids (notes §3.1, eq. 19) and ξ_i i.i.d. Gaussian.
+its local change of the broadcast centroids (docs/notes/dpfedc.md §3.1, eq. 19) and ξ_i i.i.d. Gaussian.
 
 **Rigorous mode** (``"rigorous"``, the default). Explicit clipping of the round's *update*
 Δ_i to Frobenius norm C (per-update clipping; the W phase may also clip every minibatch
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privacy._validation import check_delta
+from privacy.checks import check_delta
 from privacy.accountants import DEFAULT_ACCOUNTANT, epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.randomness import NoiseSource
@@ -58,7 +58,7 @@ def paper_round_epsilon(eps_bar: float, q: float, p: float, rounds: int, c0: flo
     """Per-round ε from Theorem 3 (32) inverted: ε = ε̄ √(1 − q̃) / (c₀ q̃² √(pR)).
 
     q̃ = min(q, 1/2): (32) is undefined for q >= 1, and Theorem 1 stops amplifying at
-    q >= 1/2 (notes A4, A7). p = K/N (uniform fixed-size client sampling).
+    q >= 1/2 (docs/notes/dpfedc.md A4, A7). p = K/N (uniform fixed-size client sampling).
     """
     eps_bar = _check_epsilon(eps_bar, "epsilon-bar")
     if not 0 < p <= 1:

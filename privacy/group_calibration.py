@@ -9,7 +9,7 @@ ledgers), so every client of the group stays within its own budget.
 
 Two settings:
 
-* :data:`PAPER_SETTINGS` reproduces the paper's Table 5 (notes gdpfed.md §1.4): Opacus'
+* :data:`PAPER_SETTINGS` reproduces the paper's Table 5 (docs/notes/gdpfed.md §1.4): Opacus'
   RDP accountant, the add/remove relation, the bisection stopping at ε_target − ε <= 0.01.
   The unit tests check σ² against Table 5 to 2 decimals.
 * :data:`PROJECT_SETTINGS` (what runs use): RDP under **replace-one**, the relation every

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privacy._validation import (
+from privacy.checks import (
     check_choice,
     check_delta,
     check_int,
@@ -165,9 +165,9 @@ class PrivacyLedger:
         """Whether recording ``(σ, q, steps)`` would take cumulative ε past the budget.
 
         The projected ε (history plus the new entry, composed by the accountant, not
-        added) is compared with ``epsilon_budget · (1 + 1e-9)``: the relative slack
-        (``BUDGET_RTOL``) absorbs float round-off between a plan calibrated in one piece and
-        the same plan recorded round by round.
+        added) is compared with the budget by :func:`privacy.accountants.exceeds_budget`,
+        whose relative slack ``BUDGET_RTOL`` absorbs float round-off between a plan
+        calibrated in one piece and the same plan recorded round by round.
         """
         step = check_release(noise_multiplier, sample_rate, steps)
         projected = epsilon_of([*self.history, step], self.delta, self.accountant)

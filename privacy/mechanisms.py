@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from privacy._validation import check_int, check_nonnegative_finite, check_positive_finite
+from privacy.checks import check_int, check_nonnegative_finite, check_positive_finite
 from privacy.randomness import NoiseSource
 
 __all__ = [

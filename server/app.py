@@ -15,7 +15,7 @@ from server.config import ConfigError, RunConfig
 from server.federation import check_federation
 from server.registry import build_strategy, train_config
 from server.results import ResultsWriter
-from strategies.log import route_privet_logs_to_flower
+from protocol.log import route_privet_logs_to_flower
 from tasks.datasets import check_available, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 
@@ -38,7 +38,7 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
         log.error("%s", exc)
         raise
     if cfg.strategy == "dpfedc":  # DP-FedC (issue 14): a clustering task, not a model
-        from strategies.dpfedc import run_dpfedc
+        from server.dpfedc_run import run_dpfedc
         from tasks.clustering import load_clustering_data
 
         try:

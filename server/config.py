@@ -24,12 +24,12 @@ from pydantic import (
 from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from privacy.randomness import NOISE_SOURCES
-from strategies.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
+from protocol.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
 from strategies.fedceo import FedCEOConfig
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
 from strategies.secure_sum import SECURE_AGGREGATION, SecureAggregation
-from strategies.validation import kebab, one_of
+from protocol.config import kebab, one_of
 from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
 

@@ -7,7 +7,7 @@ from typing import Callable
 from flwr.app import ConfigRecord
 
 from server.config import RunConfig
-from strategies import keys
+from protocol import keys
 from strategies.base import PrivacyAwareFedAvg
 from strategies.baselines import FedAvgHDP, MaximumBudget, MinimumBudget, UDPFedAvg
 from strategies.dpfedc import DPFedC, strategy_params as dpfedc_params

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from privacy.accountants import REPLACE_ONE
+from privacy.accountants import REPLACE_ONE, exceeds_budget
 from server.config import RunConfig
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 from strategies.gdpfed import GDPFED_STRATEGIES
@@ -153,7 +153,7 @@ def build_summary(
             "dropped_rounds": list(a.dropped_rounds),
             "rejections": [{"round": r, "reason": why} for r, why in a.rejections],
             "exhausted": a.exhausted,
-            "within_budget": bool(a.epsilon_spent <= a.epsilon_budget * (1 + 1e-6)),
+            "within_budget": not exceeds_budget(a.epsilon_spent, a.epsilon_budget),
             "relation": REPLACE_ONE,
             "guarantee_unit": a.guarantee_unit,
             "noise_source": a.noise_source,

@@ -44,11 +44,11 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from privacy.accountants import DEFAULT_ACCOUNTANT, Step, epsilon_of
+from privacy.accountants import DEFAULT_ACCOUNTANT, Step, epsilon_of, exceeds_budget
 from privacy.mechanisms import dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.policy import is_spent
 from privacy.secure_sum import charged_multiplier, quantisation_for
-from strategies import keys
+from protocol import keys
 from strategies.secure_sum import (
     SecureAggregation,
     SumResult,
@@ -59,6 +59,7 @@ from strategies.secure_sum import (
     open_sums,
     release_sums,
 )
+from strategies.layers import weighted_mean
 from strategies.validation import (
     ArraySpec,
     DeclaredBudget,
@@ -68,7 +69,8 @@ from strategies.validation import (
 )
 
 #: Relative slack when the claimed cumulative ε is compared with the server's recomputation
-#: (both use the same accountant; the slack absorbs float round-off only).
+#: (both use the same accountant; the slack absorbs float round-off only). Whether an ε is
+#: within its budget is one decision everywhere: :func:`privacy.accountants.exceeds_budget`.
 CLAIM_RTOL = 1e-6
 
 log = logging.getLogger("privet.strategy")
@@ -126,18 +128,6 @@ class AcceptedReply:
     @property
     def num_examples(self) -> int:
         return int(self.metrics[keys.NUM_EXAMPLES])
-
-
-def weighted_mean(arrays: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> list[np.ndarray]:
-    """Σ_k w_k x_k / Σ_k w_k, layer by layer, in float64 then cast back."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or len(w) != len(arrays) or len(w) == 0 or w.sum() <= 0:
-        raise ValueError(f"weights must be {len(arrays)} non-negative numbers with a positive sum")
-    w = w / w.sum()
-    return [
-        np.tensordot(w, np.stack([np.asarray(c[j], np.float64) for c in arrays]), axes=1).astype(arrays[0][j].dtype)
-        for j in range(len(arrays[0]))
-    ]
 
 
 def spend_statistics(accounts: Iterable[ClientAccount]) -> dict[str, float | int]:
@@ -536,7 +526,7 @@ class PrivacyAwareFedAvg(FedAvg):
         if claimed < implied * (1.0 - CLAIM_RTOL) - 1e-12:
             return (f"claimed spent eps={claimed:.6g} is below the {implied:.6g} that its reported mechanisms "
                     f"(sigma, q, steps) imply under the server's {self.accountant} accountant")
-        if implied > account.epsilon_budget * (1.0 + CLAIM_RTOL):
+        if exceeds_budget(implied / (1.0 + CLAIM_RTOL), account.epsilon_budget):
             return f"its reported mechanisms imply eps={implied:.6g}, above its budget {account.epsilon_budget:g}"
         return None
 

@@ -24,7 +24,7 @@ import math
 
 from flwr.app import ConfigRecord
 
-from strategies import keys
+from protocol import keys
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 
 

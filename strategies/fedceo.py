@@ -31,9 +31,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from strategies import keys
+from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
-from strategies.validation import kebab, one_of
+from protocol.config import kebab, one_of
 from strategies.fedceo_smoothing import (
     is_smoothing_round,
     mean_model,
@@ -183,7 +183,7 @@ class FedCEO(PrivacyAwareFedAvg):
     In round t+1 a client k ∈ S_t starts from **its own** ŵ_k(t) (lines 5-6: personalised
     collaboration). Any other client, including a client of S_t sampled again only later,
     starts from the global w'(t): the paper leaves this case open and the authors' code
-    sends a possibly stale model (notes §8 item 6). With fewer than two usable replies a
+    sends a possibly stale model (docs/notes/fedceo.md §8 item 6). With fewer than two usable replies a
     smoothing round cannot collaborate; it averages and logs why.
 
     Parameters

@@ -57,10 +57,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Integral, Real
 
 import numpy as np
 from numpy.typing import NDArray
+
+from privacy.checks import check_int, check_nonnegative_finite, check_positive_finite, check_real
 
 __all__ = [
     "is_smoothing_round",
@@ -83,30 +84,6 @@ _CHUNK_BYTES = 1 << 26
 
 
 # --------------------------------------------------------------------------- validation
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name} must be an integer; found {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; found {value}")
-    return int(value)
-
-
-def _check_real(name: str, value: object, *, minimum: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a real number; found {value!r}")
-    x = float(value)
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite; found {x}")
-    if (strict and x <= minimum) or (not strict and x < minimum):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be {relation} {minimum}; found {x}")
-    return x
-
-
-def _check_threshold(threshold: object) -> float:
-    return _check_real("threshold", threshold, minimum=0.0, strict=False)
-
-
 def _check_same_shapes(tensors: Sequence[np.ndarray], what: str) -> tuple[int, ...]:
     if len(tensors) == 0:
         raise ValueError(f"{what}: need at least one client; found none")
@@ -146,7 +123,7 @@ def _select_layers(
             for i in range(num_params)
             if np.issubdtype(np.asarray(model[i]).dtype, np.floating)
         ]
-    selected = [_check_int("layer index", i, 0) for i in layers]
+    selected = [check_int("layer index", i, minimum=0) for i in layers]
     for i in selected:
         if i >= num_params:
             raise ValueError(
@@ -196,10 +173,10 @@ def smoothing_threshold(
     ValueError
         If λ <= 0, ϑ < 1, I < 1, t < 0, or a value is not finite.
     """
-    t = _check_int("server_round", server_round, 0)
-    lam_ = _check_real("lam", lam, minimum=0.0, strict=True)
-    theta_ = _check_real("theta", theta, minimum=1.0, strict=False)
-    i = _check_int("interval", interval, 1)
+    t = check_int("server_round", server_round, minimum=0)
+    lam_ = check_positive_finite("lam", lam)
+    theta_ = check_real("theta", theta, minimum=1.0)
+    i = check_int("interval", interval, minimum=1)
     return theta_ ** (t / i) / (2.0 * lam_)
 
 
@@ -211,8 +188,8 @@ def is_smoothing_round(server_round: int, interval: int) -> bool:
     ValueError
         If t < 0 or I < 1.
     """
-    t = _check_int("server_round", server_round, 0)
-    i = _check_int("interval", interval, 1)
+    t = check_int("server_round", server_round, minimum=0)
+    i = check_int("interval", interval, minimum=1)
     return t % i == 0
 
 
@@ -336,7 +313,7 @@ def svt_matrix(m: np.ndarray, threshold: float) -> np.ndarray:
     TypeError
         If ``m`` is neither real floating nor complex.
     """
-    thr = _check_threshold(threshold)
+    thr = check_nonnegative_finite("threshold", threshold)
     m = np.asarray(m)
     if m.ndim != 2:
         raise ValueError(f"svt_matrix expects a 2-D matrix; found shape {m.shape}")
@@ -383,7 +360,7 @@ def tensor_svt(
     TypeError
         If the input is not real floating point.
     """
-    thr = _check_threshold(threshold)
+    thr = check_nonnegative_finite("threshold", threshold)
     tensor3 = np.asarray(tensor3)
     if tensor3.ndim != 3:
         raise ValueError(f"tensor_svt expects shape (n1, n2, K); found {tensor3.shape}")
@@ -450,7 +427,7 @@ def smooth_client_models(
     TypeError
         If an explicitly selected parameter is not floating point.
     """
-    thr = _check_threshold(threshold)
+    thr = check_nonnegative_finite("threshold", threshold)
     num_params = _check_models(client_models)
     selected = _select_layers(client_models[0], layers, num_params)
     out = [[np.array(p, copy=True) for p in model] for model in client_models]
@@ -515,7 +492,7 @@ def smoothed_mean_model(
     list of ndarray
         The global model w'(t) = (1/K) Σ_k ŵ_k(t) (Algorithm 2; App. B.3).
     """
-    thr = _check_threshold(threshold)
+    thr = check_nonnegative_finite("threshold", threshold)
     num_params = _check_models(client_models)
     averaged = mean_model(client_models)
     selected = _select_layers(client_models[0], layers, num_params)

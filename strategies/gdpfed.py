@@ -1,6 +1,6 @@
 """GDPFed / GDPFed+ (Xu, Hu & Kotevska 2025, paper 003) and the baselines it compares with.
 
-Algorithm 1, as this module runs it (notes gdpfed.md §2.4):
+Algorithm 1, as this module runs it (docs/notes/gdpfed.md §2.4):
 
     plan (once, after the budget handshake; :func:`plan_groups`):
         G_m  <- clients grouped by declared ε: the highest threshold of ``group-epsilons`` <= ε_i
@@ -17,7 +17,7 @@ Algorithm 1, as this module runs it (notes gdpfed.md §2.4):
             ỹ_m <- Top_k(ȳ_m, k_m)                          # GDPFed+ only (post-processing)
         θ^{t+1} <- θ^t + Σ_m ω_m ỹ_m                        # aggregate_models()
 
-Registered variants (notes §2.9, §6): ``dp-fedavg`` (one group at min ε, plain mean),
+Registered variants (docs/notes/gdpfed.md §2.9, §6): ``dp-fedavg`` (one group at min ε, plain mean),
 ``gdpfed`` (q_m = q), ``gdpfed-op`` (Problem 1), ``gdpfed-plus`` (Problem 1 + top-k),
 ``idp-fedavg-scale`` (per-group clip C_m, one noise std s = max_m C_m σ_m for all groups,
 so group m's multiplier s/C_m >= σ_m), ``idp-fedavg-sample`` (per-group q_m, one σ =
@@ -57,11 +57,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from privacy.accountants import Step
 from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
-from strategies import keys
+from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
 from strategies.secure_sum import SumResult
 from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
-from strategies.validation import ExpectedRelease, kebab, one_of
+from protocol.config import kebab, one_of
+from strategies.validation import ExpectedRelease
 
 log = logging.getLogger("privet.strategy")
 
@@ -184,7 +185,7 @@ class GDPFedConfig(BaseModel):
 
 @dataclass(frozen=True)
 class Variant:
-    """What distinguishes the registered methods (notes §2.9, §6)."""
+    """What distinguishes the registered methods (docs/notes/gdpfed.md §2.9, §6)."""
 
     name: str
     sampling: str = "uniform"  # "uniform" | "optimal" | "idp"

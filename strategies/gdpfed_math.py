@@ -1,14 +1,14 @@
 """The pure mathematics of GDPFed / GDPFed+ (paper 003), free of Flower.
 
-Notation (notes gdpfed.md §2.1): n clients in M groups G_m, global sampling ratio q,
+Notation (docs/notes/gdpfed.md §2.1): n clients in M groups G_m, global sampling ratio q,
 per-group ratio q_m, r_m = q_m·|G_m| clients per round, σ_m the group's noise multiplier,
 T rounds, τ local iterations, η the learning rate, k_m/d the kept fraction of top-k.
 
-Decisions on what the paper leaves open (notes §8), made here once:
+Decisions on what the paper leaves open (docs/notes/gdpfed.md §8), made here once:
 
 * **Problem 1 (§8.5)**: σ_m² in the objective follows Theorem 1's closed form
   ``7 q_m² T (ε_m + 2 ln(1/δ)) / ε_m²`` (the paper's own analysis; with the numerical
-  accountant the optimum collapses onto one group, notes §2.8), ω_m is a function of
+  accountant the optimum collapses onto one group, docs/notes/gdpfed.md §2.8), ω_m is a function of
   r_m inside the objective, φ*_m is Remark 3's optimum (clipped to [0, 1]); solved with
   scipy SLSQP over q_m ∈ [q_min, 1] under Σ q_m|G_m| = q·n. Table 1's q_m are not exactly
   reproducible (nobody has); the reproduction uses the paper's q_m (``sampling = "paper"``).
@@ -50,7 +50,7 @@ LR_DECAY = 0.99
 
 
 def lr_at_round(lr: float, server_round: int, decay: float = LR_DECAY) -> float:
-    """η_t = η·decay^(t−1) for round t >= 1 (decay unit: one server round, notes §8.13)."""
+    """η_t = η·decay^(t−1) for round t >= 1 (decay unit: one server round, docs/notes/gdpfed.md §8.13)."""
     return float(lr) * float(decay) ** max(0, int(server_round) - 1)
 
 
@@ -181,7 +181,7 @@ def optimal_sampling(
 
     Solved with scipy's SLSQP in the variables x_m = r_m/(qn) (the simplex), started from
     uniform sampling and from r_m ∝ ε_m/√(ε_m + 2 ln 1/δ) (the closed-form optimum of the
-    Theorem-1 model when φ* ≈ 0, notes §2.8); the better feasible result is returned.
+    Theorem-1 model when φ* ≈ 0, docs/notes/gdpfed.md §2.8); the better feasible result is returned.
     """
     g = np.asarray(sizes, dtype=np.float64)
     n_sampled = q * g.sum()

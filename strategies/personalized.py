@@ -29,7 +29,7 @@ goes into the round's results line as ``personalized_accuracy``. The central
 (it stays at initialisation), so that number is meaningless for CENTAUR by design.
 
 Head/body split (CENTAUR): the head is the module that owns the **last** entry of the
-model's ``state_dict`` (:func:`head_parameter_names`); the client checks that it is an
+model's ``state_dict`` (:func:`tasks.models.head_parameter_names`); the client checks that it is an
 ``nn.Linear``. For the project's models: ``mlp2`` head = ``fc2.weight``; ``lenet5`` head
 = ``fc3.weight, fc3.bias`` (body = both convs, fc1, fc2); ``cnn`` head = ``fc2.*``;
 ``cnn2`` head = ``fc2.*``; ``logreg`` is all head (empty body: CENTAUR degenerates to
@@ -40,37 +40,21 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, seeded_sample, weighted_mean
+from protocol import keys
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, seeded_sample
+from strategies.layers import weighted_mean
+from tasks.models import head_parameter_names
 from tasks.partition import training_size
 
 log = logging.getLogger("privet.strategy")
 
-__all__ = ["CENTAUR", "PPSGD", "PersonalizedFedAvg", "head_parameter_names"]
-
-
-def head_parameter_names(names: Sequence[str]) -> list[str]:
-    """The parameters of the model's head: those of the module owning the last name.
-
-    ``["conv1.weight", ..., "fc3.weight", "fc3.bias"]`` -> ``["fc3.weight", "fc3.bias"]``.
-    ``state_dict`` order follows module registration order, so for the project's models
-    (and any ``nn.Sequential``-like net) this is the output layer.
-
-    Raises
-    ------
-    ValueError
-        If ``names`` is empty.
-    """
-    if not names:
-        raise ValueError("head_parameter_names: the model has no parameters")
-    owner = names[-1].rpartition(".")[0]
-    return [n for n in names if n.rpartition(".")[0] == owner]
+__all__ = ["CENTAUR", "PPSGD", "PersonalizedFedAvg"]
 
 
 class PersonalizedFedAvg(PrivacyAwareFedAvg):

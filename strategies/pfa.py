@@ -16,13 +16,10 @@ global model is w_global + Δ̄. Alg. 7 and the maths module's docstring use the
 sign; every operation there (weighted means, the span and centre of the subspace, the
 affine projection, the coordinates) is odd under Δ → −Δ, so both give the same model.
 
-PFA+ on the wire (Alg. 4): from round 2 on, the train request to a *private* client holds
-two ArrayRecords: ``"arrays"``, the global model the ClientApp loads as always, and
-``"pfa-basis"`` (``keys.PFA_BASIS_RECORD``) with the previous round's subspace of every
-model array ℓ, ``"basis/<ℓ>"`` (d_ℓ × k_ℓ) and, when centred, ``"center/<ℓ>"`` (d_ℓ,),
-in the model's dtype. Its config says ``upload-format = "coordinates"``; the client's
-encoder (:mod:`client.pfa_coordinates`) replies with one vector of k_ℓ values per model
-array, V_ℓᵀ(Δ_ℓ − μ_ℓ), in the same order. The server reconstructs with the same rounded
+PFA+ on the wire (Alg. 4): from round 2 on, the train request to a *private* client holds,
+beside the global model, the previous round's subspace of every model array and
+``upload-format = "coordinates"``; the client replies with k_ℓ coordinates per array
+(:mod:`protocol.pfa_plus`, the format). The server reconstructs with the same rounded
 subspace it sent, so encode and decode are exactly one affine map.
 """
 
@@ -37,18 +34,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from strategies import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, weighted_mean
-from strategies.pfa_projection import (
-    NO_PUBLIC_POLICIES,
-    SPLIT_METHODS,
-    SUBSPACE_METHODS,
-    LayerSubspace,
-    pfa_aggregate,
-    pfa_plus_aggregate,
-    split_public_private,
-)
-from strategies.validation import ArraySpec, kebab, one_of
+from protocol import keys
+from protocol.config import kebab, one_of
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.layers import weighted_mean
+from strategies.pfa_projection import NO_PUBLIC_POLICIES, pfa_aggregate, pfa_plus_aggregate
+from strategies.pfa_split import SPLIT_METHODS, split_public_private
+from strategies.pfa_subspace import SUBSPACE_METHODS, LayerSubspace
+from strategies.validation import ArraySpec
 
 log = logging.getLogger("privet.strategy")
 
@@ -265,7 +258,7 @@ class PFAPlus(PFA):
     still upload full models. The server lifts the ε-weighted mean coordinates back with
     the subspace it sent and refits the subspace on this round's public updates
     (:func:`strategies.pfa_projection.pfa_plus_aggregate`). A private client that was
-    not sampled last round gets the latest subspace too (notes §7.15). After the
+    not sampled last round gets the latest subspace too (docs/notes/pfa.md §7.15). After the
     warm-up, a round without public replies cannot fall back to WeiAvg (the private
     updates exist only as coordinates): it uses the reconstructed private mean and keeps
     the previous subspace (``pfa-stale-subspace``), unless ``no-public = "error"``.

@@ -1,4 +1,8 @@
-"""Server-side mathematics of WeiAvg, PFA and PFA+ (pure numpy, no Flower).
+"""Server-side aggregation of WeiAvg, PFA and PFA+ (pure numpy, no Flower).
+
+The split of the clients by budget is :mod:`strategies.pfa_split`, the public subspace and
+the projection :mod:`strategies.pfa_subspace`, the layer helpers and the weighted mean
+:mod:`strategies.layers`, PFA+'s coordinate format :mod:`protocol.pfa_plus`.
 
 Paper: J. Liu, J. Lou, L. Xiong, J. Liu, X. Meng, "Projected Federated Averaging with
 Heterogeneous Differential Privacy", PVLDB 15(4), 2022, doi:10.14778/3503585.3503592.
@@ -11,7 +15,7 @@ Vocabulary
 * Everything projection-related is done **per layer** (per tensor), on the layer's
   flattened vector of length d, as in the authors' code; the paper's pseudo-code uses
   one flattened p-vector, but its communication figures ("2kF bits for LogR") need the
-  per-tensor form (notes ``pfa.md`` §2.6, §7.2).
+  per-tensor form (``docs/notes/pfa.md`` §2.6, §7.2).
 * E_pub = Σ_{m∈S_pub} ε_m, E_pri = Σ_{m∈S_pri} ε_m, E = E_pub + E_pri, and
   W_S(ε_m) = ε_m / Σ_{m'∈S} ε_m' (the WeiAvg weight, §4.3).
 
@@ -52,16 +56,20 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
 import numpy as np
 
+from privacy.checks import check_choice, check_int
+from protocol.pfa_plus import decode_coordinates, encode_coordinates
+from strategies.layers import Update, as_epsilons, check_matrix, layer_shapes, output_dtype, stack_layer, weighted_mean
+from strategies.pfa_split import SPLIT_METHODS, split_public_private
+from strategies.pfa_subspace import SUBSPACE_METHODS, LayerSubspace, fit_layer_subspace
+
 _LOG = logging.getLogger(__name__)
 
-SPLIT_METHODS: Final = ("top-fraction", "two-cluster")
-SUBSPACE_METHODS: Final = ("exact", "randomized", "random")
 NO_PUBLIC_POLICIES: Final = ("weiavg", "redraw", "error")
 
 # Diagnostic keys (kebab-case, like the wire keys in ``strategies/keys.py``).
@@ -74,207 +82,6 @@ DIAG_K_MAX: Final = "pfa-k-max"  # largest effective k over layers
 DIAG_PRIVATE_ENERGY_KEPT: Final = "pfa-private-energy-kept"
 DIAG_FALLBACK_WEIAVG: Final = "pfa-fallback-weiavg"  # 1.0 when no public client
 DIAG_STALE_SUBSPACE: Final = "pfa-stale-subspace"  # PFA+: 1.0 when the basis is reused
-
-Update = Sequence[np.ndarray]
-
-
-@dataclass(frozen=True, eq=False)
-class LayerSubspace:
-    """The affine subspace {μ + V c} that one layer's private updates are projected on.
-
-    Attributes
-    ----------
-    basis : np.ndarray
-        V_k, shape (d, k), orthonormal columns, float64.
-    center : np.ndarray or None
-        μ, shape (d,): the unweighted public mean when the subspace was fitted on
-        centred updates, ``None`` for a linear subspace (μ = 0).
-    shape : tuple of int
-        Shape of the layer tensor, with ``prod(shape) == d``; used to un-flatten.
-    """
-
-    basis: np.ndarray
-    center: np.ndarray | None
-    shape: tuple[int, ...]
-
-    @property
-    def k(self) -> int:
-        """Effective projection dimension (number of basis columns)."""
-        return int(self.basis.shape[1])
-
-
-# --------------------------------------------------------------------------------------
-# Validation helpers
-# --------------------------------------------------------------------------------------
-
-
-def _as_epsilons(name: str, epsilons: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Return ``epsilons`` as a 1-D float64 array, checking that each is finite, > 0."""
-    if any(
-        isinstance(e, (bool, np.bool_))
-        for e in np.asarray(epsilons, dtype=object).ravel()
-    ):
-        raise ValueError(
-            f"{name} must be real numbers, not booleans; found {epsilons!r}"
-        )
-    eps = np.asarray(epsilons, dtype=np.float64)
-    if eps.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional; found shape {eps.shape}")
-    bad = ~np.isfinite(eps) | (eps <= 0.0)
-    if bad.any():
-        raise ValueError(
-            f"{name} must be finite and > 0; found {eps[bad].tolist()} "
-            f"at positions {np.flatnonzero(bad).tolist()}"
-        )
-    return eps
-
-
-def _check_k(k: int) -> int:
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an integer >= 1; found {k!r}")
-    return int(k)
-
-
-def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}; found {value!r}")
-
-
-def _check_matrix(name: str, matrix: np.ndarray, *, min_rows: int = 0) -> np.ndarray:
-    """Return a 2-D float64 view of ``matrix`` (rows = clients, columns = d)."""
-    arr = np.asarray(matrix, dtype=np.float64)
-    if arr.ndim != 2:
-        raise ValueError(
-            f"{name} must be a 2-D (clients × d) array; found shape {arr.shape}"
-        )
-    if arr.shape[0] < min_rows:
-        raise ValueError(
-            f"{name} needs at least {min_rows} row(s); found {arr.shape[0]}"
-        )
-    return arr
-
-
-def _layer_shapes(
-    updates: Sequence[Update], name: str = "updates"
-) -> list[tuple[int, ...]]:
-    """Check that every client sends the same list of layer shapes; return it."""
-    if len(updates) == 0:
-        raise ValueError(f"{name} must contain at least one client update; found none")
-    shapes = [tuple(np.shape(layer)) for layer in updates[0]]
-    if not shapes:
-        raise ValueError(f"{name}[0] has no layers")
-    for m, update in enumerate(updates[1:], start=1):
-        other = [tuple(np.shape(layer)) for layer in update]
-        if other != shapes:
-            raise ValueError(
-                f"{name} are ragged: client {m} has layer shapes {other}, "
-                f"client 0 has {shapes}"
-            )
-    return shapes
-
-
-def _output_dtype(layers: Sequence[np.ndarray]) -> np.dtype:
-    """Floating dtype of the inputs (float32 stays float32), float64 for non-floats."""
-    dtype = np.result_type(*[np.asarray(layer).dtype for layer in layers])
-    return dtype if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
-
-
-def _stack_layer(updates: Sequence[Update], layer: int) -> np.ndarray:
-    """Rows = clients, columns = flattened layer ``layer``, float64."""
-    rows = np.empty((len(updates), np.size(updates[0][layer])), dtype=np.float64)
-    for row, update in zip(rows, updates, strict=True):
-        row[:] = np.ravel(update[layer])  # one pass: copy and widen to float64
-    return rows
-
-
-# --------------------------------------------------------------------------------------
-# Public / private split (Alg. 2 line 5, Remark 2)
-# --------------------------------------------------------------------------------------
-
-
-def _split_top_fraction(eps: np.ndarray, public_fraction: float) -> np.ndarray:
-    n_public = max(1, math.ceil(round(public_fraction * eps.size, 9)))
-    threshold = np.sort(eps)[-n_public]
-    is_public: np.ndarray = eps >= threshold
-    return is_public
-
-
-def _within_cluster_sse(values: np.ndarray) -> float:
-    return float(np.sum((values - values.mean()) ** 2))
-
-
-def _split_two_cluster(eps: np.ndarray, public_fraction: float) -> np.ndarray:
-    del public_fraction  # not used by the clustering rule
-    order = np.sort(eps)
-    # Exact 1-D 2-means: an optimal 2-clustering of points on a line is a threshold
-    # split of the sorted values, so score every split between two distinct values.
-    cuts = [i for i in range(1, order.size) if order[i - 1] < order[i]]
-    if not cuts:  # all budgets equal: a single cluster, all public
-        return np.ones(eps.size, dtype=bool)
-    sse = [
-        _within_cluster_sse(order[:i]) + _within_cluster_sse(order[i:]) for i in cuts
-    ]
-    # among equal scores keep the last cut, i.e. the fewest public clients
-    best = max(range(len(cuts)), key=lambda j: (-sse[j], j))
-    is_public: np.ndarray = eps >= order[cuts[best]]
-    return is_public
-
-
-_SPLITTERS: Final[dict[str, Callable[[np.ndarray, float], np.ndarray]]] = {
-    "top-fraction": _split_top_fraction,
-    "two-cluster": _split_two_cluster,
-}
-
-
-def split_public_private(
-    epsilons: Sequence[float] | np.ndarray,
-    *,
-    method: str = "top-fraction",
-    public_fraction: float = 0.1,
-) -> tuple[list[int], list[int]]:
-    """Split clients into "public" (large ε) and "private" (small ε) groups.
-
-    Paper §4.4 step (1) and Remark 2 suggest 2-cluster clustering of the budgets, or the
-    top-K clients by ε. Both are deterministic here.
-
-    Parameters
-    ----------
-    epsilons : sequence of float
-        Per-client budgets ε_m > 0.
-    method : {"top-fraction", "two-cluster"}
-        ``"top-fraction"`` (**default**, the authors' ``Server.set_public_clients``):
-        n = max(1, ⌈public_fraction · M⌉), threshold = the n-th largest ε, and every
-        client with ε_m ≥ threshold is public. Ties at the threshold are all public, as
-        in the code, so equal budgets are treated equally (all-equal ε: everyone is
-        public and PFA reduces to WeiAvg = FedAvg). For 0.1·M integral this is the
-        code's 2/3/4/5 public of 20/30/40/50 (Table 5); the code's floor ``int(0.1·M)``
-        makes *every* client public for M < 10, the ceiling here gives one.
-        ``"two-cluster"``: 1-D 2-means on ε, solved exactly (the optimum is a
-        threshold split of the sorted budgets, so all M − 1 splits between distinct
-        values are scored by within-cluster sum of squares; no initialisation, no
-        local optima). The high-ε cluster is public; an SSE tie goes to the split with
-        fewer public clients; all-equal ε makes everyone public.
-        Top-fraction is the default because it is what the paper's experiments used,
-        and because 2-means on a unimodal distribution (Uniform, Gauss) makes about
-        half of the clients "public".
-    public_fraction : float
-        Fraction in (0, 1] for ``"top-fraction"``; ignored by ``"two-cluster"``.
-
-    Returns
-    -------
-    tuple of (list of int, list of int)
-        Ascending indices of the public and of the private clients.
-    """
-    eps = _as_epsilons("epsilons", epsilons)
-    if eps.size == 0:
-        raise ValueError("epsilons must contain at least one budget; found none")
-    _check_choice("method", method, SPLIT_METHODS)
-    if isinstance(public_fraction, bool) or not 0.0 < public_fraction <= 1.0:
-        raise ValueError(
-            f"public_fraction must be in (0, 1]; found {public_fraction!r}"
-        )
-    is_public = _SPLITTERS[method](eps, float(public_fraction))
-    return np.flatnonzero(is_public).tolist(), np.flatnonzero(~is_public).tolist()
 
 
 # --------------------------------------------------------------------------------------
@@ -290,276 +97,11 @@ def weiavg_weights(epsilons: Sequence[float] | np.ndarray) -> np.ndarray:
     np.ndarray
         Float64 weights, same order as ``epsilons``, summing to one.
     """
-    eps = _as_epsilons("epsilons", epsilons)
+    eps = as_epsilons("epsilons", epsilons)
     if eps.size == 0:
         raise ValueError("epsilons must contain at least one budget; found none")
     weights: np.ndarray = eps / eps.sum()
     return weights
-
-
-def weighted_mean(
-    updates: Sequence[Update], weights: Sequence[float] | np.ndarray
-) -> list[np.ndarray]:
-    """Per-layer weighted mean Σ_m w_m Δ_m / Σ_m w_m.
-
-    With ``weights = weiavg_weights(ε)`` this is WeiAvg (Alg. 1); with equal weights it
-    is FedAvg (Alg. 6). Accumulates in float64 and returns the inputs' floating dtype.
-
-    Parameters
-    ----------
-    updates : sequence of list of np.ndarray
-        One update per client, all with the same layer shapes.
-    weights : sequence of float
-        Non-negative, finite, with a positive sum; one per client.
-    """
-    shapes = _layer_shapes(updates)
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(updates),):
-        raise ValueError(
-            f"weights must have one entry per update ({len(updates)}); "
-            f"found shape {w.shape}"
-        )
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(
-            f"weights must be finite, >= 0 and sum to > 0; found {w.tolist()}"
-        )
-    w = w / w.sum()
-    result = []
-    for layer, shape in enumerate(shapes):
-        dtype = _output_dtype([u[layer] for u in updates])
-        mean = w @ _stack_layer(updates, layer)
-        result.append(mean.reshape(shape).astype(dtype, copy=False))
-    return result
-
-
-# --------------------------------------------------------------------------------------
-# Subspace identification (Alg. 3 lines 2-4, Appendix D.2)
-# --------------------------------------------------------------------------------------
-
-
-def _exact_svd(matrix: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    del k, seed  # the thin SVD returns every direction; the caller keeps the top k
-    _, sing, vt = np.linalg.svd(matrix, full_matrices=False)
-    return sing, vt.T
-
-
-def _randomized_svd(
-    matrix: np.ndarray, k: int, seed: int, *, oversample: int = 5, power_iters: int = 2
-) -> tuple[np.ndarray, np.ndarray]:
-    # Halko, Martinsson & Tropp (2011), Alg. 4.4 + 5.1, on Aᵀ (d × n): sketch the row
-    # space of A with ℓ = k + oversample Gaussian combinations of its rows, sharpen it
-    # with power iterations, then take an exact SVD of the small n × ℓ matrix A Q.
-    n_rows, d = matrix.shape
-    ell = min(k + oversample, n_rows, d)
-    rng = np.random.default_rng(seed)
-    sketch = matrix.T @ rng.standard_normal((n_rows, ell))
-    for _ in range(power_iters):
-        q, _ = np.linalg.qr(sketch)
-        sketch = matrix.T @ (matrix @ q)
-    q, _ = np.linalg.qr(sketch)
-    _, sing, wt = np.linalg.svd(matrix @ q, full_matrices=False)
-    return sing, q @ wt.T
-
-
-def _random_subspace(matrix: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    # The paper's ablation (Fig. 6, "random projection"): a uniformly random k-dimensional
-    # subspace (QR of a Gaussian d × k matrix), ignoring the public updates altogether.
-    d = matrix.shape[1]
-    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, min(k, d))))
-    return np.ones(q.shape[1]), q
-
-
-_SVD_SOLVERS: Final[
-    dict[str, Callable[[np.ndarray, int, int], tuple[np.ndarray, np.ndarray]]]
-] = {
-    "exact": _exact_svd,
-    "randomized": _randomized_svd,
-    "random": _random_subspace,
-}
-
-
-def public_center(
-    public_layer_updates: np.ndarray, *, center: bool = True
-) -> np.ndarray | None:
-    """Return the centre μ of the affine projection, as in the authors' code.
-
-    Returns the *unweighted* mean of the public updates when ``center`` and there are
-    at least two public clients; ``None`` (μ = 0) otherwise, because centring a single
-    update would leave nothing to decompose (the code makes the same exception).
-    """
-    public = _check_matrix("public_layer_updates", public_layer_updates, min_rows=1)
-    if not center or public.shape[0] < 2:
-        return None
-    mean: np.ndarray = public.mean(axis=0)
-    return mean
-
-
-def public_subspace(
-    public_layer_updates: np.ndarray,
-    k: int,
-    *,
-    center: bool = True,
-    method: str = "exact",
-    seed: int = 0,
-) -> np.ndarray:
-    """Top-k right singular vectors V_k of the public updates matrix (Alg. 3 lines 3-4).
-
-    With A the n_pub × d matrix of public updates (centred on their unweighted mean μ
-    when ``center`` and n_pub ≥ 2, see :func:`public_center`), V_k holds the top-k
-    eigenvectors of AᵀA, i.e. the top-k right singular vectors of A. (Appendix D.2 uses
-    Lanczos on A(Aᵀv); the authors' 256-step Lanczos without breakdown checks returns
-    spurious vectors once the step count exceeds rank(A) ≤ n_pub, see
-    ``original-code.md`` §2, so an exact method is the default.)
-
-    Parameters
-    ----------
-    public_layer_updates : np.ndarray
-        Shape (n_pub, d), one flattened layer update per public client.
-    k : int
-        Requested dimension, ≥ 1. Clipped (with a logged note) to the numerical rank of
-        A, which is ≤ n_pub − 1 when centred and ≤ n_pub otherwise: directions with a
-        zero singular value are arbitrary and would project on noise (notes §7.5).
-    center : bool
-        Centre A first (authors' code, default) or not (paper, Appendix D.2).
-    method : {"exact", "randomized", "random"}
-        ``"exact"``: thin ``np.linalg.svd`` of the n_pub × d matrix, O(n_pub² d); it is
-        cheap because n_pub ≪ d, and more accurate than eigen-decomposing the Gram
-        matrix AAᵀ, which squares the condition number. ``"randomized"``: randomized
-        range finder with k + 5 oversampling and 2 power iterations, seeded by ``seed``
-        (exact whenever k + 5 ≥ n_pub). ``"random"``: a uniformly random k-dimensional
-        subspace that ignores the public updates (the paper's random-projection ablation,
-        Fig. 6).
-    seed : int
-        Seed of the ``"randomized"`` sketch.
-
-    Returns
-    -------
-    np.ndarray
-        Shape (d, k_eff), k_eff ≤ k, orthonormal float64 columns, ordered by singular
-        value; each column's sign makes its largest-magnitude entry positive.
-    """
-    k = _check_k(k)
-    _check_choice("method", method, SUBSPACE_METHODS)
-    public = _check_matrix("public_layer_updates", public_layer_updates, min_rows=1)
-    mu = public_center(public, center=center)
-    matrix = public if mu is None else public - mu
-    sing, vecs = _SVD_SOLVERS[method](matrix, k, seed)
-    tol = (sing[0] if sing.size else 0.0) * max(matrix.shape) * np.finfo(np.float64).eps
-    rank = int(np.count_nonzero(sing > tol))
-    if rank < k:
-        _LOG.info(
-            "PFA: k=%d exceeds the rank %d of the %s public updates matrix (%d x %d); "
-            "using k=%d",
-            k,
-            rank,
-            "centred" if mu is not None else "uncentred",
-            *matrix.shape,
-            rank,
-        )
-    basis = vecs[:, : min(k, rank)]
-    signs = np.sign(basis[np.argmax(np.abs(basis), axis=0), np.arange(basis.shape[1])])
-    return basis * np.where(signs == 0, 1.0, signs)
-
-
-def fit_layer_subspace(
-    public_layer_updates: np.ndarray,
-    k: int,
-    *,
-    center: bool = True,
-    method: str = "exact",
-    seed: int = 0,
-    shape: tuple[int, ...] | None = None,
-) -> LayerSubspace:
-    """Fit V_k and μ of one layer and bundle them as a :class:`LayerSubspace`.
-
-    See :func:`public_subspace` and :func:`public_center`; ``shape`` is the layer
-    tensor's shape (default ``(d,)``).
-    """
-    public = _check_matrix("public_layer_updates", public_layer_updates, min_rows=1)
-    d = public.shape[1]
-    shape = (d,) if shape is None else tuple(shape)
-    if math.prod(shape) != d:
-        raise ValueError(f"shape {shape} does not hold d={d} values")
-    basis = public_subspace(public, k, center=center, method=method, seed=seed)
-    return LayerSubspace(
-        basis=basis, center=public_center(public, center=center), shape=shape
-    )
-
-
-# --------------------------------------------------------------------------------------
-# Projection and PFA+ coordinates (Alg. 3 line 7, Alg. 4 line 13, Alg. 5 line 4)
-# --------------------------------------------------------------------------------------
-
-
-def _check_basis(basis: np.ndarray, d: int, center: np.ndarray | None) -> np.ndarray:
-    basis = np.asarray(basis, dtype=np.float64)
-    if basis.ndim != 2 or basis.shape[0] != d:
-        raise ValueError(f"basis must have shape (d={d}, k); found {basis.shape}")
-    if center is not None and np.shape(center) != (d,):
-        raise ValueError(f"center must have shape ({d},); found {np.shape(center)}")
-    return basis
-
-
-def project(
-    vectors: np.ndarray, basis: np.ndarray, *, center: np.ndarray | None = None
-) -> np.ndarray:
-    """Project orthogonally onto the (affine) subspace: μ + V Vᵀ (x − μ) (Alg. 3 l. 7).
-
-    Parameters
-    ----------
-    vectors : np.ndarray
-        One vector (d,) or a stack (n, d).
-    basis : np.ndarray
-        V, shape (d, k), orthonormal columns.
-    center : np.ndarray or None
-        μ, shape (d,); ``None`` means μ = 0 (the paper's linear projection V Vᵀ x).
-
-    Returns
-    -------
-    np.ndarray
-        Float64 array of the same shape as ``vectors``.
-    """
-    x = np.asarray(vectors, dtype=np.float64)
-    if x.ndim not in (1, 2):
-        raise ValueError(f"vectors must have shape (d,) or (n, d); found {x.shape}")
-    basis = _check_basis(basis, x.shape[-1], center)
-    offset = 0.0 if center is None else np.asarray(center, dtype=np.float64)
-    projected: np.ndarray = offset + ((x - offset) @ basis) @ basis.T
-    return projected
-
-
-def encode_coordinates(
-    update_layer: np.ndarray, basis: np.ndarray, *, center: np.ndarray | None = None
-) -> np.ndarray:
-    """PFA+ client side: the k coordinates c = Vᵀ (Δ − μ) of one layer (Alg. 4 line 13).
-
-    ``update_layer`` may have the layer's tensor shape; it is flattened (size d).
-    Returns a float64 vector of length k = ``basis.shape[1]``.
-    """
-    x = np.asarray(update_layer, dtype=np.float64).ravel()
-    basis = _check_basis(basis, x.size, center)
-    if center is not None:
-        x = x - np.asarray(center, dtype=np.float64)
-    return basis.T @ x
-
-
-def decode_coordinates(
-    coords: np.ndarray, basis: np.ndarray, *, center: np.ndarray | None = None
-) -> np.ndarray:
-    """PFA+ server side: lift k coordinates back to R^d, V c + μ (Alg. 5 line 4).
-
-    Returns a flat float64 vector of length d = ``basis.shape[0]``.
-    """
-    c = np.asarray(coords, dtype=np.float64)
-    basis = np.asarray(basis, dtype=np.float64)
-    if basis.ndim != 2 or c.shape != (basis.shape[1],):
-        raise ValueError(
-            f"coords must have shape (k,) = ({basis.shape[-1]},) to match basis "
-            f"{basis.shape}; found {c.shape}"
-        )
-    _check_basis(basis, basis.shape[0], center)
-    lifted = basis @ c
-    return lifted if center is None else lifted + np.asarray(center, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------
@@ -640,20 +182,20 @@ def pfa_aggregate_layer(
     tuple of (np.ndarray, LayerSubspace)
         The aggregated layer update Δ̄ (d,), float64, and the fitted subspace.
     """
-    k = _check_k(k)
-    _check_choice("method", method, SUBSPACE_METHODS)
-    public = _check_matrix("public", public, min_rows=1)
+    k = check_int("k", k, minimum=1)
+    check_choice("method", method, SUBSPACE_METHODS)
+    public = check_matrix("public", public, min_rows=1)
     private = np.asarray(private, dtype=np.float64)
     if private.size == 0:
         private = private.reshape(0, public.shape[1])
-    private = _check_matrix("private", private)
+    private = check_matrix("private", private)
     if private.shape[1] != public.shape[1]:
         raise ValueError(
             f"public and private rows must have the same length d; "
             f"found {public.shape[1]} and {private.shape[1]}"
         )
-    e_pub = _as_epsilons("eps_public", eps_public)
-    e_pri = _as_epsilons("eps_private", eps_private)
+    e_pub = as_epsilons("eps_public", eps_public)
+    e_pri = as_epsilons("eps_private", eps_private)
     for name, rows, eps in (("public", public, e_pub), ("private", private, e_pri)):
         if eps.size != rows.shape[0]:
             raise ValueError(
@@ -736,12 +278,12 @@ def pfa_aggregate(
         layer (empty list in the WeiAvg fallback), which PFA+ sends to private clients
         for the next round; and scalar diagnostics keyed by the ``DIAG_*`` constants.
     """
-    _check_k(k)
-    _check_choice("split_method", split_method, SPLIT_METHODS)
-    _check_choice("method", method, SUBSPACE_METHODS)
-    _check_choice("no_public", no_public, NO_PUBLIC_POLICIES)
-    shapes = _layer_shapes(updates)
-    eps = _as_epsilons("epsilons", epsilons)
+    check_int("k", k, minimum=1)
+    check_choice("split_method", split_method, SPLIT_METHODS)
+    check_choice("method", method, SUBSPACE_METHODS)
+    check_choice("no_public", no_public, NO_PUBLIC_POLICIES)
+    shapes = layer_shapes(updates)
+    eps = as_epsilons("epsilons", epsilons)
     if eps.size != len(updates):
         raise ValueError(f"got {len(updates)} updates but {eps.size} epsilons")
     pub, pri = _public_mask(eps, public_mask, split_method, public_fraction)
@@ -767,12 +309,12 @@ def pfa_aggregate(
     kept, total = 0.0, 0.0
     for layer, shape in enumerate(shapes):
         private_rows = (
-            _stack_layer(private_updates, layer)
+            stack_layer(private_updates, layer)
             if pri
             else np.empty((0, math.prod(shape)))
         )
         agg, sub, layer_kept, layer_total = _pfa_layer(
-            _stack_layer(public_updates, layer),
+            stack_layer(public_updates, layer),
             private_rows,
             eps[pub],
             eps[pri],
@@ -782,7 +324,7 @@ def pfa_aggregate(
             seed=seed,
         )
         kept, total = kept + layer_kept, total + layer_total
-        dtype = _output_dtype([u[layer] for u in updates])
+        dtype = output_dtype([u[layer] for u in updates])
         aggregate.append(agg.reshape(shape).astype(dtype, copy=False))
         subspaces.append(replace(sub, shape=shape))
     diagnostics.update(_k_diagnostics(subspaces))
@@ -853,9 +395,9 @@ def pfa_plus_aggregate(
     tuple
         ``(aggregate, new_subspaces, diagnostics)`` as in :func:`pfa_aggregate`.
     """
-    _check_k(k)
-    e_pub = _as_epsilons("eps_public", eps_public)
-    e_pri = _as_epsilons("eps_private", eps_private)
+    check_int("k", k, minimum=1)
+    e_pub = as_epsilons("eps_public", eps_public)
+    e_pri = as_epsilons("eps_private", eps_private)
     if e_pub.size != len(public_updates) or e_pri.size != len(private_coordinates):
         raise ValueError(
             f"got {len(public_updates)} public updates with {e_pub.size} budgets and "
@@ -871,7 +413,7 @@ def pfa_plus_aggregate(
         )
     shapes = [s.shape for s in subspaces]
     public_shapes = (
-        _layer_shapes(public_updates, "public_updates") if public_updates else shapes
+        layer_shapes(public_updates, "public_updates") if public_updates else shapes
     )
     if public_shapes != shapes:
         raise ValueError(
@@ -896,14 +438,14 @@ def pfa_plus_aggregate(
             )
             totals.append(e_pri.sum())
         if public_updates:
-            rows = _stack_layer(public_updates, layer)
+            rows = stack_layer(public_updates, layer)
             means.append((e_pub / e_pub.sum()) @ rows)
             totals.append(e_pub.sum())
             new = fit_layer_subspace(
                 rows, k, center=center, method=method, seed=seed, shape=old.shape
             )
         agg = sum(t * m for t, m in zip(totals, means, strict=True)) / sum(totals)
-        dtype = _output_dtype(
+        dtype = output_dtype(
             [u[layer] for u in public_updates]
             or [c[layer] for c in private_coordinates]
         )
@@ -954,7 +496,7 @@ def uplink_floats(
     sends the full update. This is the nominal k: the effective k of a round can be
     smaller (rank clipping in :func:`public_subspace`). Multiply by 4 for float32 bytes.
     """
-    _check_k(k)
+    check_int("k", k, minimum=1)
     sizes = [int(d) for d in num_params_per_layer]
     if not sizes or any(d < 1 for d in sizes):
         raise ValueError(

@@ -45,8 +45,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from privacy.secure_sum import MAX_BITS, Quantisation, add_mod, mask
-from strategies import keys
-from strategies.validation import kebab
+from protocol import keys
+from protocol.config import kebab
 
 log = logging.getLogger("privet.strategy")
 

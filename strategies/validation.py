@@ -21,10 +21,8 @@ from typing import Sequence
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from strategies import keys
-
-#: Relative slack when comparing a claimed spent ε with its budget (float round-off).
-EPSILON_TOLERANCE = 1e-6
+from privacy.accountants import exceeds_budget
+from protocol import keys
 
 REQUIRED_TRAIN_METRICS = (
     keys.NUM_EXAMPLES,
@@ -77,18 +75,6 @@ class ExpectedRelease:
     noise_multiplier: float | None = None
     sample_rate: float | None = None
     steps: int | None = None
-
-
-def kebab(name: str) -> str:
-    """A Python field name as a run-config key: ``half_spectrum`` -> ``half-spectrum``."""
-    return name.replace("_", "-")
-
-
-def one_of(key: str, value: str, allowed: Sequence[str]) -> str:
-    """``value`` if it is one of ``allowed``, else a ValueError naming the key and the choices."""
-    if value not in allowed:
-        raise ValueError(f"'{key}' must be one of {', '.join(allowed)}; found {value!r}")
-    return value
 
 
 def specs_of(arrays: ArrayRecord) -> list[ArraySpec]:
@@ -170,7 +156,7 @@ def validate_privacy_metrics(metrics: MetricRecord, declared: DeclaredBudget | N
         return f"claimed spent eps={spent} is negative"
     if not 0 < delta < 1:
         return f"claimed delta={delta} is outside (0, 1)"
-    if spent > budget * (1 + EPSILON_TOLERANCE) + 1e-12:
+    if exceeds_budget(spent, budget):
         return f"claimed spent eps={spent:.6g} exceeds the claimed budget {budget:.6g}"
     if declared is not None:
         if not _same_budget(budget, declared.epsilon_budget):

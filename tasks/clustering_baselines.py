@@ -1,4 +1,4 @@
-"""DP-FedC's four baselines (notes §8), federated and privatised, in one process.
+"""DP-FedC's four baselines (docs/notes/dpfedc.md §8), federated and privatised, in one process.
 
 All share the DP-FedC run's set-up: the same clients X_i, the same schedule S^t of K
 sampled clients, the same initial centroids W⁰ (except DK++, whose point is its own seeding)

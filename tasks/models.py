@@ -205,7 +205,7 @@ _REGISTRY: Final[dict[str, Callable[[InputShape, int], nn.Module]]] = {
 
 
 @contextlib.contextmanager
-def _seeded_torch(seed: int | None, device: torch.device | None = None) -> Iterator[None]:
+def seeded_torch(seed: int | None, device: torch.device | None = None) -> Iterator[None]:
     """Seed torch's default generators inside the block only (restored afterwards)."""
     if seed is None:
         yield
@@ -253,7 +253,7 @@ def build_model(
         )
     if isinstance(num_classes, bool) or num_classes < 1:
         raise ValueError(f"num_classes must be an int >= 1; found {num_classes!r}")
-    with _seeded_torch(seed):
+    with seeded_torch(seed):
         model = _REGISTRY[name]((shape[0], shape[1], shape[2]), int(num_classes))
     log.debug(
         "built %s for %s, %d classes: %d parameters",
@@ -278,6 +278,24 @@ def unwrap(model: nn.Module) -> nn.Module:
     while isinstance(inner, nn.Module):
         model, inner = inner, getattr(inner, "_module", None)
     return model
+
+
+def head_parameter_names(names: Sequence[str]) -> list[str]:
+    """The parameters of the model's head: those of the module owning the last name.
+
+    ``["conv1.weight", ..., "fc3.weight", "fc3.bias"]`` -> ``["fc3.weight", "fc3.bias"]``.
+    ``state_dict`` order follows module registration order, so for the project's models
+    (and any ``nn.Sequential``-like net) this is the output layer.
+
+    Raises
+    ------
+    ValueError
+        If ``names`` is empty.
+    """
+    if not names:
+        raise ValueError("head_parameter_names: the model has no parameters")
+    owner = names[-1].rpartition(".")[0]
+    return [n for n in names if n.rpartition(".")[0] == owner]
 
 
 def weight_names(model: nn.Module) -> list[str]:
@@ -421,7 +439,7 @@ def train_plain(
     generator = torch.Generator().manual_seed(seed)
     model.train()
     total_loss, seen, steps = 0.0, 0, 0
-    with _seeded_torch(seed, device):
+    with seeded_torch(seed, device):
         for _ in range(epochs):
             order = torch.randperm(len(data), generator=generator).numpy()
             for start in range(0, len(data), batch_size):

@@ -21,7 +21,7 @@ def _shard_cache_in_a_temp_dir(tmp_path_factory):
 def small_run_config(tmp_path, **overrides: Any) -> dict[str, Any]:
     """The pyproject defaults, shrunk to a few-second run, with ``overrides`` applied
     (underscores in names become dashes)."""
-    from server.cli import app_defaults
+    from privet.cli import app_defaults
 
     cfg = app_defaults()
     cfg.update({

@@ -6,7 +6,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies import keys
+from protocol import keys
 
 
 #: The mechanism figures of a fake train reply: σ so large that the ε the server recomputes

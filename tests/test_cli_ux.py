@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server import cli
+from privet import cli
 from server.config import ConfigError, RunConfig
 from server.console import RunConsole, logs_to, parse_line
 from server.federation import check_federation, mismatch_message, settled_node_count
@@ -131,7 +131,7 @@ def test_simulation_of_another_size_is_refused(monkeypatch):
 
 def test_deployment_grids_are_not_checked():
     from client.app import app
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(app, simulation_node_configs(2), {})
     check_federation(grid, RunConfig(num_clients=10))  # nodes of a deployment come when they come
@@ -206,7 +206,7 @@ def test_a_lost_heartbeat_after_a_completed_run_is_not_a_failure(tmp_path):
 def test_flower_lines_are_not_printed_twice_through_opacus_root_handler():
     import sys
 
-    from strategies.log import OPACUS_ROOT_FORMAT, route_privet_logs_to_flower
+    from protocol.log import OPACUS_ROOT_FORMAT, route_privet_logs_to_flower
 
     root = logging.getLogger()
     planted = logging.StreamHandler(sys.stderr)  # what opacus' logging.basicConfig adds at import

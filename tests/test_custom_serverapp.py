@@ -1,6 +1,6 @@
 """examples/custom-serverapp: a Flower app outside privet's layout (its own pyproject.toml
 and components) whose ServerApp imports ``strategies.baselines.FedAvgHDP`` and drives
-privet's ClientApp. Runs in-process (``server.inprocess.InProcessGrid``): no Ray, no gRPC.
+privet's ClientApp. Runs in-process (``privet.inprocess.InProcessGrid``): no Ray, no gRPC.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def example_on_path(monkeypatch):
 def test_custom_serverapp_runs_privet_strategy_with_privet_clientapp(tmp_path, example_on_path):
     from flwr.app import Context, RecordDict
 
-    from server.inprocess import InProcessGrid
+    from privet.inprocess import InProcessGrid
 
     flwr_cfg = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     server_app = _component(flwr_cfg["components"]["serverapp"])

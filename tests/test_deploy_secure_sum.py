@@ -59,7 +59,7 @@ def test_secure_sum_over_grpc_with_tls_and_node_authentication(tmp_path):
 def test_secure_sum_on_flowers_ray_simulation(tmp_path, capsys):
     """The third run mode: ``privet run`` -> ``flwr run`` on Flower's Ray simulation, where
     every node keeps its SecAgg+ state in its own Context between the four stages."""
-    from server.cli import main
+    from privet.cli import main
 
     sets = {**FAST, "strategy": "udp-fedavg", "num-clients": 3, "min-train-clients": 3, "noise-multiplier": 4.0,
             "noise-shares": 3, "secure-aggregation": "secagg+", "budget-distribution": "constant", "epsilon": 40.0}

@@ -26,7 +26,7 @@ from privacy.centroid_noise import (
     rigorous_noise_multiplier,
 )
 from privacy.randomness import SeededNoise
-from strategies import keys
+from protocol import keys
 from strategies.dpfedc import plain_mean
 from tasks.clustering import (
     ClusteringParams,
@@ -64,7 +64,7 @@ def _fd(f, a, eps=1e-6):
 
 # ------------------------------------------------------------------ mathematics
 def test_h_gradient_is_the_derivative_of_the_objective():
-    """(80) with c_ρ = 1 is ∇_H of (14) with the penalty on the cluster axis (notes §2.5)."""
+    """(80) with c_ρ = 1 is ∇_H of (14) with the penalty on the cluster axis (docs/notes/dpfedc.md §2.5)."""
     x, w, h, p = _problem()
     np.testing.assert_allclose(grad_h(x, w, h, p), _fd(lambda a: local_objective(x, w, a, p), h), rtol=1e-5, atol=1e-6)
 
@@ -229,7 +229,7 @@ def _dpfedc_config(run_config_factory, tmp_path, **kw):
 def _run(cfg, hook=None):
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     summary = run_experiment(grid, cfg, run_id=1)
@@ -321,7 +321,7 @@ def test_superlink_and_supernodes_keep_memberships_across_rounds(tmp_path):
 @pytest.mark.slow
 def test_privet_run_of_dpfedc_on_flowers_ray_simulation(tmp_path, capsys):
     """The third run mode: ``privet run`` -> ``flwr run`` on Flower's Ray simulation."""
-    from server.cli import main
+    from privet.cli import main
 
     sets = {"strategy": "dpfedc", "num-clients": 3, "min-train-clients": 3, "num-server-rounds": 2,
             "batch-size": 20, "clip": 4.0, "budget-distribution": "constant", "epsilon": 20.0,

@@ -20,7 +20,7 @@ from client.training import LocalTrainingConfig, poisson_batches, train_dpsgd
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.randomness import OSEntropyNoise
-from strategies import keys
+from protocol import keys
 from tasks.datasets import ArrayDataset
 from tasks.models import build_model, get_weights
 
@@ -83,7 +83,7 @@ def test_calibration_uses_a_small_budget_as_fully_as_a_large_one(target):
 def test_simulated_ledgers_carry_over_runs_with_ledger_dir(run_config_factory, tmp_path):
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     def run(run_id):
         cfg = run_config_factory(num_server_rounds=1, run_epsilon=1.0, ledger_dir=str(tmp_path / "ledgers"),

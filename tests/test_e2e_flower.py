@@ -27,7 +27,7 @@ FAST = {
 
 
 def test_privet_run_on_flower_simulation(tmp_path, capsys):
-    from server.cli import main
+    from privet.cli import main
 
     sets = [f"{k}={json.dumps(v)}" for k, v in {**FAST, "num-clients": 4}.items()]
     out = tmp_path / "sim"
@@ -44,7 +44,7 @@ def test_privet_run_on_flower_simulation(tmp_path, capsys):
 
 
 def test_privet_run_rejects_a_bad_config_before_starting(capsys):
-    from server.cli import main
+    from privet.cli import main
 
     assert main(["run", "--set", "strategy=fedsgd"]) == 2
     err = capsys.readouterr().err

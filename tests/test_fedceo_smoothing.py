@@ -315,7 +315,7 @@ def test_stack_element_mapping(rng: np.random.Generator) -> None:
 
 
 # ----------------------------------------------------------------------- schedule
-# fedceo.md §2.6 (derived there from thr(t) = ϑ^{t/I}/(2λ), T = 300, K = 10), copied
+# docs/notes/fedceo.md §2.6 (derived there from thr(t) = ϑ^{t/I}/(2λ), T = 300, K = 10), copied
 # verbatim as strings so the comparison is at the notes' printed precision.
 NOTES_TABLE = [
     # λ, ϑ, I, # smoothing rounds, thr(t=I), thr(300), thr(300)/K

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from strategies import keys
+from protocol import keys
 from tests.fakes import FAKE_MECHANISM, BudgetGrid
 from strategies.fedceo import DIAG_CLIENTS, DIAG_SMOOTHED, DIAG_THRESHOLD, FedCEO, FedCEOConfig
 
@@ -248,7 +248,7 @@ def test_config_section_defaults_and_registry(run_config_factory):
 def _run(cfg, hook=None):
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     summary = run_experiment(grid, cfg, run_id=1)
@@ -265,7 +265,7 @@ def test_bad_replies_are_dropped_before_stacking_in_process(run_config_factory):
     cfg = _fedceo_config(run_config_factory, num_server_rounds=1, **{"fedceo.interval": 1})
 
     def tamper(node, request, reply):
-        from server.inprocess import FIRST_NODE_ID
+        from privet.inprocess import FIRST_NODE_ID
 
         if request.metadata.message_type != "train" or node not in (FIRST_NODE_ID, FIRST_NODE_ID + 1):
             return reply

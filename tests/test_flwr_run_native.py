@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import free_port, stop_local_superlink
+from privet.cli import free_port, stop_local_superlink
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from privacy.group_calibration import PAPER_SETTINGS, group_noise_multipliers, p
 from privacy.mechanisms import privatize_update
 from server.app import run_experiment
 from server.config import ConfigError, RunConfig
-from server.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
-from strategies import keys
+from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+from protocol import keys
 from strategies.base import AcceptedReply
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig, GDPFedStrategy, plan_groups
 from strategies.gdpfed_math import (
@@ -75,7 +75,7 @@ def test_optimal_sampling_is_feasible_and_beats_uniform_and_table1():
 
 @pytest.mark.parametrize("dataset", list(TABLE5))
 def test_optimal_sampling_matches_the_closed_form_and_is_near_table1(dataset):
-    """With φ* ≈ 0 the Theorem-1 model's optimum is r_m ∝ ε_m/√(ε_m + 2 ln 1/δ) (notes §2.8): the
+    """With φ* ≈ 0 the Theorem-1 model's optimum is r_m ∝ ε_m/√(ε_m + 2 ln 1/δ) (docs/notes/gdpfed.md §2.8): the
     numerical solver must find it; Table 1 is within 0.2 percentage points of it."""
     n, rounds, eps, q, table1, *_ = TABLE5[dataset]
     sizes = [n // 3] * 3
@@ -101,8 +101,8 @@ def test_group_weights():
     r = np.array([14.0, 38.0, 68.0])
     paper = group_weights(r, "paper")
     assert paper.sum() == pytest.approx(1 / 120)
-    assert paper * 120 == pytest.approx(r**2 / np.sum(r**2))  # notes §3.1: ω' = (0.0302, 0.2269, 0.7429)
-    fractional = np.array([13.8, 37.8, 68.4])  # notes §3.1 (unrounded r_m): ω' = (0.0302, 0.2269, 0.7429)
+    assert paper * 120 == pytest.approx(r**2 / np.sum(r**2))  # docs/notes/gdpfed.md §3.1: ω' = (0.0302, 0.2269, 0.7429)
+    fractional = np.array([13.8, 37.8, 68.4])  # docs/notes/gdpfed.md §3.1 (unrounded r_m): ω' = (0.0302, 0.2269, 0.7429)
     assert group_weights(fractional, "paper") * 120 == pytest.approx([0.0302, 0.2269, 0.7429], abs=5e-4)
     assert np.sum(group_weights(r, "normalised") * r) == pytest.approx(1.0)  # a weighted mean of group means
     assert group_weights(r, "mean") == pytest.approx(np.full(3, 1 / 120))
@@ -326,7 +326,7 @@ def test_every_variant_learns_within_budget(run_config_factory, strategy):
 def test_the_gdpfed_section_is_in_the_apps_config_and_takes_lists_as_text():
     """Flower's run config holds scalars only: the pyproject table (which `flwr run` checks keys
     against) equals the class defaults, and lists travel as comma-separated text."""
-    from server.cli import app_defaults
+    from privet.cli import app_defaults
     from server.config import ConfigError, RunConfig
     from strategies.gdpfed import GDPFedConfig
 

@@ -13,8 +13,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from client.app import app as client_app
 from server.app import run_experiment
-from server.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
-from strategies import keys
+from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+from protocol import keys
 
 
 def _run(cfg, node_configs=None, hook=None, run_id=1):

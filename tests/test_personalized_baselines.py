@@ -27,10 +27,11 @@ from client.training import LocalTrainingConfig, dpsgd_sample_rate, dpsgd_steps_
 from privacy.mechanisms import l2_norm
 from server.app import run_experiment
 from server.config import RunConfig
-from server.inprocess import InProcessGrid, simulation_node_configs
+from privet.inprocess import InProcessGrid, simulation_node_configs
 from server.registry import build_strategy
-from strategies import keys
-from strategies.personalized import CENTAUR, PPSGD, head_parameter_names
+from protocol import keys
+from strategies.personalized import CENTAUR, PPSGD
+from tasks.models import head_parameter_names
 from tasks.datasets import ArrayDataset
 from tasks.models import build_model, get_weights, set_weights, train_plain, weight_names
 

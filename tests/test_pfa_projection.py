@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 
 from strategies import pfa_projection as pfa
+from strategies import pfa_subspace
+from strategies import pfa_split
+from protocol import pfa_plus
+from strategies import layers
 
 SHAPES = [(6, 4), (4,), (2, 3, 2)]  # a dense weight, its bias, a small conv kernel
 
@@ -42,18 +46,18 @@ def _projector(basis: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("center", [False, True])
-@pytest.mark.parametrize("method", pfa.SUBSPACE_METHODS)
+@pytest.mark.parametrize("method", pfa_subspace.SUBSPACE_METHODS)
 def test_projection_is_idempotent_with_orthogonal_residual(center, method):
     rng = np.random.default_rng(0)
     public = rng.normal(size=(5, 40))
-    sub = pfa.fit_layer_subspace(public, 3, center=center, method=method)
+    sub = pfa_subspace.fit_layer_subspace(public, 3, center=center, method=method)
     basis, mu = sub.basis, sub.center
     assert basis.shape == (40, 3)
     np.testing.assert_allclose(basis.T @ basis, np.eye(3), atol=1e-12)
 
     x = rng.normal(size=(7, 40))
-    px = pfa.project(x, basis, center=mu)
-    np.testing.assert_allclose(pfa.project(px, basis, center=mu), px, atol=1e-12)
+    px = pfa_subspace.project(x, basis, center=mu)
+    np.testing.assert_allclose(pfa_subspace.project(px, basis, center=mu), px, atol=1e-12)
     offset = 0.0 if mu is None else mu
     residual = x - px
     np.testing.assert_allclose(residual @ basis, 0.0, atol=1e-12)
@@ -61,13 +65,13 @@ def test_projection_is_idempotent_with_orthogonal_residual(center, method):
     np.testing.assert_allclose(
         (px - offset) @ (np.eye(40) - _projector(basis)), 0.0, atol=1e-12
     )
-    np.testing.assert_allclose(pfa.project(x[2], basis, center=mu), px[2], atol=1e-12)
+    np.testing.assert_allclose(pfa_subspace.project(x[2], basis, center=mu), px[2], atol=1e-12)
 
 
 def test_centred_subspace_is_pca_of_public_updates():
     rng = np.random.default_rng(1)
     public = rng.normal(size=(4, 30))
-    sub = pfa.fit_layer_subspace(public, 2, center=True)
+    sub = pfa_subspace.fit_layer_subspace(public, 2, center=True)
     np.testing.assert_allclose(sub.center, public.mean(axis=0))
     # independent: top eigenvectors of the centred scatter matrix
     centred = public - public.mean(axis=0)
@@ -79,7 +83,7 @@ def test_centred_subspace_is_pca_of_public_updates():
 def test_single_public_client_is_not_centred():
     rng = np.random.default_rng(2)
     public = rng.normal(size=(1, 25))
-    sub = pfa.fit_layer_subspace(public, 1, center=True)
+    sub = pfa_subspace.fit_layer_subspace(public, 1, center=True)
     assert sub.center is None
     np.testing.assert_allclose(
         np.abs(sub.basis[:, 0]), np.abs(public[0]) / np.linalg.norm(public[0])
@@ -89,9 +93,9 @@ def test_single_public_client_is_not_centred():
 def test_k_is_clipped_to_the_rank_with_a_logged_note(caplog):
     rng = np.random.default_rng(3)
     public = rng.normal(size=(3, 50))
-    with caplog.at_level(logging.INFO, logger=pfa.__name__):
-        centred = pfa.public_subspace(public, 5, center=True)
-    uncentred = pfa.public_subspace(public, 5, center=False)
+    with caplog.at_level(logging.INFO, logger=pfa_subspace.__name__):
+        centred = pfa_subspace.public_subspace(public, 5, center=True)
+    uncentred = pfa_subspace.public_subspace(public, 5, center=False)
     assert centred.shape == (50, 2)  # rank ≤ n_pub − 1 after centring
     assert uncentred.shape == (50, 3)
     assert "exceeds the rank 2" in caplog.text
@@ -106,8 +110,8 @@ def test_randomized_subspace_spans_the_exact_one_given_a_spectral_gap(center):
     matrix = left @ np.diag([100.0, 80.0, 60.0]) @ right.T + 1e-3 * rng.normal(
         size=(n, d)
     )
-    exact = pfa.public_subspace(matrix, r, center=center, method="exact")
-    randomized = pfa.public_subspace(
+    exact = pfa_subspace.public_subspace(matrix, r, center=center, method="exact")
+    randomized = pfa_subspace.public_subspace(
         matrix, r, center=center, method="randomized", seed=7
     )
     assert randomized.shape == exact.shape == (d, r)
@@ -222,7 +226,7 @@ def test_weiavg_weights_and_weighted_mean():
     rng = np.random.default_rng(11)
     updates = _updates(rng, 3)
     for g, e in zip(
-        pfa.weighted_mean(updates, 7 * eps), _weiavg(updates, eps), strict=True
+        layers.weighted_mean(updates, 7 * eps), _weiavg(updates, eps), strict=True
     ):
         np.testing.assert_allclose(g, e, atol=1e-12)  # weights are normalised
 
@@ -244,7 +248,7 @@ def test_pfa_plus_reconstruction_equals_pfa_projection_on_the_same_subspace(cent
     public = [u for u, p in zip(updates, mask, strict=True) if p]
     coords = [
         [
-            pfa.encode_coordinates(layer, s.basis, center=s.center)
+            pfa_plus.encode_coordinates(layer, s.basis, center=s.center)
             for layer, s in zip(u, subspaces, strict=True)
         ]
         for u, p in zip(updates, mask, strict=True)
@@ -264,15 +268,15 @@ def test_pfa_plus_reconstruction_equals_pfa_projection_on_the_same_subspace(cent
 @pytest.mark.parametrize("center", [False, True])
 def test_decoded_mean_coordinates_equal_the_projected_mean(center):
     rng = np.random.default_rng(13)
-    sub = pfa.fit_layer_subspace(rng.normal(size=(4, 30)), 3, center=center)
+    sub = pfa_subspace.fit_layer_subspace(rng.normal(size=(4, 30)), 3, center=center)
     x = rng.normal(size=(6, 30))
     w = pfa.weiavg_weights(rng.uniform(0.1, 1, 6))
     mean_coords = w @ np.stack(
-        [pfa.encode_coordinates(r, sub.basis, center=sub.center) for r in x]
+        [pfa_plus.encode_coordinates(r, sub.basis, center=sub.center) for r in x]
     )
     np.testing.assert_allclose(
-        pfa.decode_coordinates(mean_coords, sub.basis, center=sub.center),
-        pfa.project(w @ x, sub.basis, center=sub.center),
+        pfa_plus.decode_coordinates(mean_coords, sub.basis, center=sub.center),
+        pfa_subspace.project(w @ x, sub.basis, center=sub.center),
         atol=1e-12,
     )
 
@@ -283,14 +287,14 @@ def test_pfa_plus_uses_the_previous_subspace_and_returns_the_new_one():
     private = _updates(rng, 8)
     eps_pub, eps_pri = np.array([9.0, 10.0, 11.0]), rng.uniform(0.1, 1, 8)
     old = [
-        pfa.fit_layer_subspace(
+        pfa_subspace.fit_layer_subspace(
             np.stack([u[i].ravel() for u in previous_public]), 1, shape=s
         )
         for i, s in enumerate(SHAPES)
     ]
     coords = [
         [
-            pfa.encode_coordinates(layer, s.basis, center=s.center)
+            pfa_plus.encode_coordinates(layer, s.basis, center=s.center)
             for layer, s in zip(u, old, strict=True)
         ]
         for u in private
@@ -307,7 +311,7 @@ def test_pfa_plus_uses_the_previous_subspace_and_returns_the_new_one():
             eps_pub @ pub_rows + eps_pri.sum() * (mu + v * (v @ (pri_mean - mu)))
         ) / e
         np.testing.assert_allclose(got[layer].ravel(), expected, atol=1e-12)
-        fresh = pfa.fit_layer_subspace(pub_rows, 1)
+        fresh = pfa_subspace.fit_layer_subspace(pub_rows, 1)
         np.testing.assert_allclose(
             _projector(new[layer].basis), _projector(fresh.basis), atol=1e-12
         )
@@ -318,14 +322,14 @@ def test_pfa_plus_uses_the_previous_subspace_and_returns_the_new_one():
 def test_pfa_plus_without_public_clients_keeps_the_stale_subspace():
     rng = np.random.default_rng(15)
     old = [
-        pfa.fit_layer_subspace(rng.normal(size=(3, int(np.prod(s)))), 1, shape=s)
+        pfa_subspace.fit_layer_subspace(rng.normal(size=(3, int(np.prod(s)))), 1, shape=s)
         for s in SHAPES
     ]
     private = _updates(rng, 4)
     eps = rng.uniform(0.1, 1, 4)
     coords = [
         [
-            pfa.encode_coordinates(layer, s.basis, center=s.center)
+            pfa_plus.encode_coordinates(layer, s.basis, center=s.center)
             for layer, s in zip(u, old, strict=True)
         ]
         for u in private
@@ -335,7 +339,7 @@ def test_pfa_plus_without_public_clients_keeps_the_stale_subspace():
     for layer, s in enumerate(old):
         mean = eps @ np.stack([u[layer].ravel() for u in private]) / eps.sum()
         np.testing.assert_allclose(
-            got[layer].ravel(), pfa.project(mean, s.basis, center=s.center)
+            got[layer].ravel(), pfa_subspace.project(mean, s.basis, center=s.center)
         )
 
 
@@ -348,7 +352,7 @@ def test_coordinates_of_a_layer_have_exactly_k_values(k):
         updates, eps, k=k, public_mask=np.arange(10) < 4
     )
     coords = [
-        pfa.encode_coordinates(layer, s.basis, center=s.center)
+        pfa_plus.encode_coordinates(layer, s.basis, center=s.center)
         for layer, s in zip(updates[7], subspaces, strict=True)
     ]
     assert [c.shape for c in coords] == [(k,)] * len(SHAPES)
@@ -367,7 +371,7 @@ def test_top_fraction_picks_the_largest_budgets():
     rng = np.random.default_rng(17)
     for m in (10, 20, 30, 50, 7, 25):
         eps = rng.uniform(0.1, 10, m)
-        pub, pri = pfa.split_public_private(
+        pub, pri = pfa_split.split_public_private(
             eps, method="top-fraction", public_fraction=0.1
         )
         assert len(pub) == max(1, int(np.ceil(0.1 * m - 1e-9)))
@@ -377,7 +381,7 @@ def test_top_fraction_picks_the_largest_budgets():
 
 
 def test_top_fraction_keeps_ties_together():
-    pub, pri = pfa.split_public_private([1.0, 5.0, 3.0, 5.0, 2.0], public_fraction=0.2)
+    pub, pri = pfa_split.split_public_private([1.0, 5.0, 3.0, 5.0, 2.0], public_fraction=0.2)
     assert pub == [1, 3] and pri == [0, 2, 4]
 
 
@@ -392,7 +396,7 @@ def test_two_cluster_separates_a_bimodal_budget_set():
     rng = np.random.default_rng(18)
     for _ in range(20):
         eps, high = _mixgauss1(rng, 30)
-        pub, pri = pfa.split_public_private(eps, method="two-cluster")
+        pub, pri = pfa_split.split_public_private(eps, method="two-cluster")
         assert pub == np.flatnonzero(high).tolist()
         assert pri == np.flatnonzero(~high).tolist()
 
@@ -414,18 +418,18 @@ def test_two_cluster_is_the_optimal_2_means_partition():
         )
         best = np.array(best)
         expected_public = best if eps[best].mean() > eps[~best].mean() else ~best
-        pub, _ = pfa.split_public_private(eps, method="two-cluster")
+        pub, _ = pfa_split.split_public_private(eps, method="two-cluster")
         assert pub == np.flatnonzero(expected_public).tolist()
 
 
-@pytest.mark.parametrize("method", pfa.SPLIT_METHODS)
+@pytest.mark.parametrize("method", pfa_split.SPLIT_METHODS)
 def test_split_is_deterministic_and_permutation_equivariant(method):
     rng = np.random.default_rng(20)
     eps, _ = _mixgauss1(rng, 30)
-    first = pfa.split_public_private(eps, method=method)
-    assert pfa.split_public_private(eps, method=method) == first
+    first = pfa_split.split_public_private(eps, method=method)
+    assert pfa_split.split_public_private(eps, method=method) == first
     perm = rng.permutation(30)
-    pub_perm, _ = pfa.split_public_private(eps[perm], method=method)
+    pub_perm, _ = pfa_split.split_public_private(eps[perm], method=method)
     assert sorted(perm[pub_perm].tolist()) == first[0]
 
 
@@ -435,8 +439,8 @@ def test_split_is_deterministic_and_permutation_equivariant(method):
 @pytest.mark.parametrize("k", [0, -1, 1.5, True])
 def test_invalid_k_is_rejected(k):
     rng = np.random.default_rng(21)
-    with pytest.raises(ValueError, match="k must be an integer >= 1"):
-        pfa.public_subspace(rng.normal(size=(3, 10)), k)
+    with pytest.raises(ValueError, match="k must be (an integer|>= 1)"):
+        pfa_subspace.public_subspace(rng.normal(size=(3, 10)), k)
     with pytest.raises(ValueError, match="k must be"):
         pfa.pfa_aggregate(_updates(rng, 3), [1.0, 2.0, 3.0], k=k)
 
@@ -449,7 +453,7 @@ def test_invalid_epsilons_are_rejected(bad):
     with pytest.raises(ValueError, match="finite and > 0"):
         pfa.pfa_aggregate(_updates(rng, 3), bad)
     with pytest.raises(ValueError, match="finite and > 0"):
-        pfa.split_public_private(bad)
+        pfa_split.split_public_private(bad)
     with pytest.raises(ValueError, match="finite and > 0"):
         pfa.weiavg_weights(bad)
 
@@ -461,11 +465,11 @@ def test_shape_and_length_mismatches_are_rejected():
     with pytest.raises(ValueError, match="ragged"):
         pfa.pfa_aggregate(ragged, [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="ragged"):
-        pfa.weighted_mean(ragged, [1.0, 1.0, 1.0])
+        layers.weighted_mean(ragged, [1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="3 updates but 2 epsilons"):
         pfa.pfa_aggregate(updates, [1.0, 2.0])
     with pytest.raises(ValueError, match="one entry per update"):
-        pfa.weighted_mean(updates, [1.0, 2.0])
+        layers.weighted_mean(updates, [1.0, 2.0])
     with pytest.raises(ValueError, match="public_mask"):
         pfa.pfa_aggregate(updates, [1.0, 2.0, 3.0], public_mask=[True, False])
     with pytest.raises(ValueError, match="same length d"):
@@ -473,16 +477,16 @@ def test_shape_and_length_mismatches_are_rejected():
     with pytest.raises(ValueError, match="eps_private has 2 budgets"):
         pfa.pfa_aggregate_layer(np.ones((2, 5)), np.ones((3, 5)), [1, 1], [1, 1])
     with pytest.raises(ValueError, match="basis must have shape"):
-        pfa.project(np.zeros(5), np.zeros((4, 1)))
+        pfa_subspace.project(np.zeros(5), np.zeros((4, 1)))
     with pytest.raises(ValueError, match="coords must have shape"):
-        pfa.decode_coordinates(np.zeros(2), np.zeros((5, 1)))
+        pfa_plus.decode_coordinates(np.zeros(2), np.zeros((5, 1)))
 
 
 def test_pfa_plus_rejects_wrong_coordinates_and_missing_subspaces():
     rng = np.random.default_rng(24)
     public = _updates(rng, 2)
     subs = [
-        pfa.fit_layer_subspace(np.stack([u[i].ravel() for u in public]), 1, shape=s)
+        pfa_subspace.fit_layer_subspace(np.stack([u[i].ravel() for u in public]), 1, shape=s)
         for i, s in enumerate(SHAPES)
     ]
     wrong = [[np.zeros(2), np.zeros(1), np.zeros(1)]]
@@ -496,19 +500,19 @@ def test_pfa_plus_rejects_wrong_coordinates_and_missing_subspaces():
     ("call", "message"),
     [
         (
-            lambda: pfa.split_public_private([1.0, 2.0], method="kmeans"),
+            lambda: pfa_split.split_public_private([1.0, 2.0], method="kmeans"),
             "method must be one of",
         ),
         (
-            lambda: pfa.split_public_private([1.0, 2.0], public_fraction=0.0),
+            lambda: pfa_split.split_public_private([1.0, 2.0], public_fraction=0.0),
             "public_fraction",
         ),
         (
-            lambda: pfa.split_public_private([1.0, 2.0], public_fraction=1.5),
+            lambda: pfa_split.split_public_private([1.0, 2.0], public_fraction=1.5),
             "public_fraction",
         ),
         (
-            lambda: pfa.public_subspace(np.ones((2, 3)), 1, method="lanczos"),
+            lambda: pfa_subspace.public_subspace(np.ones((2, 3)), 1, method="lanczos"),
             "method must be",
         ),
         (
@@ -533,11 +537,11 @@ def test_invalid_options_name_the_allowed_values(call, message):
 def test_random_subspace_ablation_is_orthonormal_seeded_and_ignores_the_public_updates():
     rng = np.random.default_rng(7)
     public_a, public_b = rng.normal(size=(4, 50)), rng.normal(size=(4, 50))
-    basis_a = pfa.public_subspace(public_a, 3, method="random", seed=11)
-    basis_b = pfa.public_subspace(public_b, 3, method="random", seed=11)
+    basis_a = pfa_subspace.public_subspace(public_a, 3, method="random", seed=11)
+    basis_b = pfa_subspace.public_subspace(public_b, 3, method="random", seed=11)
     np.testing.assert_allclose(basis_a.T @ basis_a, np.eye(3), atol=1e-12)
     np.testing.assert_allclose(basis_a, basis_b)  # depends on the seed only
-    assert not np.allclose(basis_a, pfa.public_subspace(public_a, 3, method="random", seed=12))
+    assert not np.allclose(basis_a, pfa_subspace.public_subspace(public_a, 3, method="random", seed=12))
     x = rng.normal(size=50)
-    px = pfa.project(x, basis_a)
-    np.testing.assert_allclose(pfa.project(px, basis_a), px, atol=1e-12)
+    px = pfa_subspace.project(x, basis_a)
+    np.testing.assert_allclose(pfa_subspace.project(px, basis_a), px, atol=1e-12)

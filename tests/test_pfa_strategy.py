@@ -15,7 +15,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from client.pfa_coordinates import encode_pfa_coordinates
-from strategies import keys
+from protocol import keys
 from tests.fakes import FAKE_MECHANISM, BudgetGrid
 from strategies.pfa import PFA, PFAConfig, PFAPlus, WeiAvg
 
@@ -193,7 +193,7 @@ def test_pfa_plus_messages_carry_the_subspace_to_private_clients_only():
 
 
 def test_pfa_plus_equals_pfa_on_the_same_subspace():
-    """Alg. 5 with the subspace of Alg. 3 gives Alg. 3's model (DESIGN.md §8)."""
+    """Alg. 5 with the subspace of Alg. 3 gives Alg. 3's model."""
     rng = np.random.default_rng(3)
     g = _model(rng)
     trained = _trained(rng, g, BUDGETS)
@@ -248,7 +248,7 @@ def test_infinite_budgets_are_refused_at_the_handshake_with_a_clear_message():
 def _run(cfg, hook=None):
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     return run_experiment(grid, cfg, run_id=1)

@@ -9,11 +9,8 @@ replace-one analysis every ledger charges.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
-from collections.abc import Callable
-from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -27,10 +24,8 @@ from privacy.accountants import (
     ACCOUNTANTS,
     ADD_REMOVE,
     OPACUS_ALPHAS,
-    REPLACE_ONE,
     PRV_EPS_ERROR,
     RDP_ORDERS,
-    PrivacyAccountant,
     canonical_history,
     epsilon_of,
 )
@@ -306,67 +301,10 @@ def test_malformed_step(step: object) -> None:
         epsilon_of([step], DELTA)  # type: ignore[list-item]
 
 
-# --------------------------------------------------------------------------- PrivacyAccountant
-def test_accountant_compose_merges_and_matches_epsilon_of() -> None:
-    acc = PrivacyAccountant("rdp")
-    assert acc.epsilon(DELTA) == 0.0
-    acc.compose(1.0, 0.1, 3)
-    acc.compose(1.0, 0.1, 2)
-    acc.compose(2.0, 0.1, 4)
-    acc.compose(1.0, 0.1, 1)
-    assert acc.history == [(1.0, 0.1, 5), (2.0, 0.1, 4), (1.0, 0.1, 1)]
-    assert acc.epsilon(DELTA) == epsilon_of([(1.0, 0.1, 6), (2.0, 0.1, 4)], DELTA)
-
-
-def test_accountant_would_exceed_does_not_mutate() -> None:
-    acc = PrivacyAccountant("rdp", [(1.0, 0.1, 10)])
-    spent = acc.epsilon(DELTA)
-    big = epsilon_of([(1.0, 0.1, 20)], DELTA)
-    assert acc.would_exceed(1.0, 0.1, 10, budget=big * 0.999, delta=DELTA)
-    assert not acc.would_exceed(1.0, 0.1, 10, budget=big, delta=DELTA)
-    assert not acc.would_exceed(0.0, 0.1, 10, budget=math.inf, delta=DELTA)
-    assert acc.would_exceed(0.0, 0.1, 10, budget=1e9, delta=DELTA)
-    assert acc.history == [(1.0, 0.1, 10)] and acc.epsilon(DELTA) == spent
-
-
-def test_accountant_rejects_bad_release() -> None:
-    acc = PrivacyAccountant()
-    for args in [(1.0, 0.0, 1), (1.0, 0.1, 0), (-1.0, 0.1, 1), (True, 0.1, 1)]:
-        with pytest.raises(ValueError):
-            acc.compose(*args)  # type: ignore[arg-type]
-    assert acc.history == []
-
-
-def test_accountant_state_round_trip_through_json() -> None:
-    acc = PrivacyAccountant("prv", [(1.3, 0.02, 100), (0.9, 1.0, 1)])
-    state = json.loads(json.dumps(acc.to_dict()))
-    assert state["schema_version"] == accountants.SCHEMA_VERSION
-    restored = PrivacyAccountant.from_dict(state)
-    assert restored == acc
-    assert restored.epsilon(DELTA) == acc.epsilon(DELTA)
-
-
-@pytest.mark.parametrize(
-    ("mutate", "message"),
-    [
-        (lambda s: s.pop("history"), "missing"),
-        (lambda s: s.update(extra=1), "unexpected"),
-        (lambda s: s.update(schema_version=99), "schema_version"),
-        (lambda s: s.update(kind="moments"), "kind"),
-        (lambda s: s.update(history="[]"), "history"),
-        (lambda s: s.update(history=[[1.0, 0.1]]), r"history\[0\]"),
-        (lambda s: s.update(history=[[1.0, 0.1, -3]]), r"history\[0\] num_steps"),
-    ],
-)
-def test_accountant_rejects_malformed_state(
-    mutate: Callable[[dict[str, Any]], object], message: str
-) -> None:
-    state = PrivacyAccountant("rdp", [(1.0, 0.1, 3)]).to_dict()
-    mutate(state)
-    with pytest.raises(ValueError, match=message):
-        PrivacyAccountant.from_dict(state)
-
-
-def test_accountant_rejects_non_mapping_state() -> None:
-    with pytest.raises(ValueError, match="mapping"):
-        PrivacyAccountant.from_dict([1, 2])  # type: ignore[arg-type]
+# --------------------------------------------------------------------------- history merging
+def test_merge_step_merges_only_consecutive_equal_mechanisms_and_keeps_epsilon() -> None:
+    history: list = []
+    for step in [(1.0, 0.1, 3), (1.0, 0.1, 2), (2.0, 0.1, 4), (1.0, 0.1, 1)]:
+        accountants.merge_step(history, step)
+    assert history == [(1.0, 0.1, 5), (2.0, 0.1, 4), (1.0, 0.1, 1)]
+    assert epsilon_of(history, DELTA) == epsilon_of([(1.0, 0.1, 6), (2.0, 0.1, 4)], DELTA)

@@ -107,6 +107,16 @@ def test_calibrated_plan_is_accepted_round_by_round_then_refused() -> None:
     assert ledger.rounds == list(range(1, rounds + 1))
 
 
+def test_the_refusal_is_flowers_privacy_budget_exhausted() -> None:
+    """Code written for Flower's DP wrappers catches privet's refusal, and nothing is recorded."""
+    from flwr.serverapp.exception import PrivacyBudgetExhausted as FlowerPrivacyBudgetExhausted
+
+    ledger = _ledger(0.5)
+    with pytest.raises(FlowerPrivacyBudgetExhausted, match="would spend"):
+        ledger.record(0.5, 1.0, 10, server_round=1, run_id=1)
+    assert ledger.history == [] and ledger.spent() == 0.0
+
+
 def test_no_noise_is_infinite_epsilon() -> None:
     ledger = _ledger(100.0)
     with pytest.raises(PrivacyBudgetExhausted):

@@ -13,15 +13,15 @@ import pytest
 
 from client.app import app as client_app
 from server.app import run_experiment
-from server.cli import main as privet
-from server.inprocess import InProcessGrid, simulation_node_configs
+from privet.cli import main as privet
+from privet.inprocess import InProcessGrid, simulation_node_configs
 from server.report_html import _ticks, write_report
 
 SMALL = {"num-clients": 3, "num-server-rounds": 2, "max-examples-per-client": 120, "min-train-clients": 3}
 
 
 def run(tmp_path: Path, name: str, **overrides) -> Path:
-    from server.cli import app_defaults
+    from privet.cli import app_defaults
 
     cfg = {**app_defaults(), **SMALL, **overrides, "out-dir": str(tmp_path / name)}
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg)

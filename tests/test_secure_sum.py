@@ -23,7 +23,7 @@ from client.app import app as client_app
 from privacy.secure_sum import add_mod, charged_multiplier, mask, quantisation_for
 from server.app import run_experiment
 from server.config import ConfigError, RunConfig
-from server.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
 
 SIGMA = 4.0
 

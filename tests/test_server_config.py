@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli import CliError, app_defaults, load_experiment, main, parse_assignment
+from privet.cli import CliError, app_defaults, load_experiment, main, parse_assignment
 from server.config import STRATEGIES, ConfigError, RunConfig
 
 

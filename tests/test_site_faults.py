@@ -25,8 +25,8 @@ from flwr.app import Error, Message, MessageType, RecordDict
 from client import app as client_module
 from client.profile import resolve_profile
 from privacy.ledger import PrivacyLedger
-from server.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
-from strategies import keys
+from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+from protocol import keys
 from tests.test_threat_model import _context, _global_arrays, _message
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from strategies import keys
-from strategies.base import ClientAccount, PrivacyAwareFedAvg, weighted_mean
+from protocol import keys
+from strategies.base import ClientAccount, PrivacyAwareFedAvg
+from strategies.layers import weighted_mean
 from strategies.validation import DeclaredBudget, specs_of, validate_train_reply
 from tests.fakes import FAKE_MECHANISM
 

@@ -65,7 +65,7 @@ def test_parameter_counts(name: str, shape: tuple[int, int, int], expected: int)
 
 
 def test_fedceo_lenet5_tensor_shapes() -> None:
-    # fedceo.md §2.5: conv1 (75, 32), conv2 (800, 64), fc1 (1600, 512), fc2 (512, 512),
+    # docs/notes/fedceo.md §2.5: conv1 (75, 32), conv2 (800, 64), fc1 (1600, 512), fc2 (512, 512),
     # fc3 (512, 10)
     model = build_model("lenet5", input_shape=(3, 32, 32), num_classes=10)
     shapes = dict(zip(weight_names(model), (w.shape for w in get_weights(model)), strict=True))

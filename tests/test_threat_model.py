@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.app import _client_seed
+from client.round_plan import client_seed
 from client.app import app as client_app
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
@@ -25,9 +25,9 @@ from privacy.ledger import PrivacyLedger
 from privacy.mechanisms import l2_norm
 from privacy.randomness import SeededNoise
 from server.config import RunConfig
-from server.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
 from server.registry import train_config
-from strategies import keys
+from protocol import keys
 from tasks.datasets import load_dataset
 from tasks.models import build_model, get_weights, weight_names
 
@@ -73,7 +73,7 @@ def test_the_server_cannot_regenerate_update_mode_noise(run_config_factory):
     arrays = _global_arrays(cfg)
     upload = _upload(client_app(_message(cfg, arrays), _context(cfg)))
     delta = [u - g for u, g in zip(upload, arrays.to_numpy_ndarrays(), strict=True)]
-    seed = _client_seed(cfg["seed"], 0, 1)
+    seed = client_seed(cfg["seed"], 0, 1)
     old_guess = np.random.default_rng(seed)
     std = 2.0 * CLIP
     for guess in (old_guess, SeededNoise(seed)):  # the audit's regeneration, and today's seeded stream
@@ -89,7 +89,7 @@ def test_seeded_noise_is_regenerable_and_says_so(run_config_factory):
     arrays = _global_arrays(cfg)
     upload = _upload(client_app(_message(cfg, arrays), _context(cfg)))
     delta = [u - g for u, g in zip(upload, arrays.to_numpy_ndarrays(), strict=True)]
-    noise = SeededNoise(_client_seed(cfg["seed"], 0, 1))
+    noise = SeededNoise(client_seed(cfg["seed"], 0, 1))
     recovered = [d - noise.normal(d.shape, 2.0 * CLIP).astype(d.dtype) for d in delta]
     assert l2_norm(recovered) <= CLIP * (1 + 1e-3)
     summary = _run(dict(cfg, **{"num-server-rounds": 1}))

@@ -1,7 +1,7 @@
 """Reproduce DP-FedC's Table I (MNIST column) and the trends of Figs 3-4.
 
 Direct numpy simulation of the *same code path* the Flower client runs
-(:func:`client.dpfedc.client_round`, :func:`strategies.dpfedc.simulate`): 100 rounds for
+(:func:`client.dpfedc.client_round`, :func:`privet.dpfedc_simulation.simulate`): 100 rounds for
 100 clients, 5 runs and 5 methods in a few minutes on a shared CPU, where the Flower
 simulation runtime would take hours. The Flower app itself is exercised by the e2e tests.
 
@@ -14,7 +14,7 @@ runs r = 0..4: run r gives every method the same initial centroids W⁰ (seed r)
 same client schedule. Privacy columns: ε̄ = ∞; ε̄ = 20 by the paper's calibration (eq. 29,
 c₀ = 1, nominal) with the rigorous ε of the same run beside it; the rigorous mode at ε = 20.
 G (per-minibatch gradient bound) and C (update clip) are the medians observed in one
-non-private run (notes A3; a tuning choice on the data, outside the guarantee, stated).
+non-private run (docs/notes/dpfedc.md A3; a tuning choice on the data, outside the guarantee, stated).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from privacy.centroid_noise import (
     rigorous_noise_multiplier,
 )
 from privacy.randomness import noise_source
-from strategies.dpfedc import schedule, simulate
+from privet.dpfedc_simulation import simulate
+from strategies.dpfedc import schedule
 from tasks.clustering import (
     initial_memberships,
     initial_point,

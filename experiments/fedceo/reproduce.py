@@ -57,7 +57,7 @@ def run_key(dataset: str, model: str, method: str, sigma: float, seed: int, lam:
 def run_config(model: str, method: str, sigma: float, seed: int, fedceo: dict[str, Any],
                overrides: dict[str, Any]) -> dict[str, Any]:
     """App defaults < ``<model>.toml`` < this run's strategy, σ_g, seed and ``fedceo.*``."""
-    from server.cli import load_experiment
+    from privet.cli import load_experiment
 
     sets = {"strategy": "fedceo" if method.startswith("fedceo") else method,
             "noise-multiplier": float(sigma), "seed": int(seed)}
@@ -79,7 +79,7 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
     logging.disable(logging.INFO)  # Flower and privet log every round at INFO
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     cfg = {**cfg, "out-dir": str(OUT_ROOT / key)}
     started = time.perf_counter()
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key for every run (e.g. dataset=emnist)")
     args = parser.parse_args(argv)
-    from server.cli import parse_assignment
+    from privet.cli import parse_assignment
 
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     grid = load_grid()

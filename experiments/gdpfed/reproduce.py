@@ -1,7 +1,7 @@
 """Reproduce GDPFed's Fashion-MNIST column of Table 2 (and Table 6 rows) on the real runtime.
 
 Every method runs the real ServerApp logic and ClientApp in one process
-(``run_experiment`` on ``InProcessGrid``), with the paper's settings (notes gdpfed.md §3.1):
+(``run_experiment`` on ``InProcessGrid``), with the paper's settings (docs/notes/gdpfed.md §3.1):
 n clients × 10 Fashion-MNIST examples (IID), T rounds, q = 2 %, C = 1.5, ε = (0.5, 1.5, 3)
 in equal groups, δ = n^-1.1, τ = 5 local iterations of batch 10 (5 epochs of 10 examples),
 η = 0.1 decayed ×0.99 per round, momentum 0, the 2-layer CNN (``cnn``). GDPFed-op / GDPFed+
@@ -51,7 +51,7 @@ PAPER_Q = [0.0069, 0.0189, 0.0342]
 
 def run_config(method: str, clients: int, rounds: int, seed: int, out: Path, extra: dict[str, Any]) -> dict[str, Any]:
     """The paper's FMNIST configuration for one method (module docstring)."""
-    from server.cli import app_defaults
+    from privet.cli import app_defaults
 
     cfg = app_defaults()
     cfg.update({
@@ -73,7 +73,7 @@ def run_one(method: str, clients: int, rounds: int, seed: int, extra: dict[str, 
     """One run; the row appended to runs.jsonl."""
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = run_config(method, clients, rounds, seed, Path(tmp), extra)

@@ -4,7 +4,7 @@ For every chosen setting (a TOML file in this folder: Fashion-MNIST, LogR or CNN
 or label shards, MixGauss1 or MixGauss3), every method and every seed, run the real
 ServerApp logic and ClientApp in one process (``run_experiment`` on ``InProcessGrid``),
 then write a markdown table of the final test accuracy (mean ± std over the seeds)
-beside the paper's values as read from its figures (``/work/shared/notes/pfa.md`` §4,
+beside the paper's values as read from its figures (``docs/notes/pfa.md`` §4,
 ±0.02 by eye, at round ≈ 95). Raw results are appended to ``runs.jsonl`` next to the
 output, so grids run at different times end up in one table.
 
@@ -17,7 +17,7 @@ Differences from the paper's runs (deliberate, for a 2-core CPU, or for correctn
 - 10 rounds of one local epoch (≈ 31 DP-SGD steps of batch 32 on 1000 examples)
   instead of ≈ 95 rounds of 100 steps of batch 4;
 - σ calibrated with a real RDP accountant and Poisson sampling for the whole run (the
-  authors' closed form over-noises by 2–5×, notes §1.5);
+  authors' closed form over-noises by 2–5×, docs/notes/pfa.md §1.5);
 - one learning rate (0.05, plain SGD) for every method instead of the best of a grid
   picked on test accuracy;
 - non-IID = 2 label shards per client (the authors' code: 10 shards of 60000/(10 M));
@@ -62,7 +62,7 @@ METHODS = {  # run-config strategy -> the paper's legend
 }
 
 # The paper's Fashion-MNIST values, (model, partitioner, budgets, M) -> method -> acc.
-# Read by eye from the figures (notes pfa.md §4.1 Fig. 3, §4.8 Fig. 10-12), ±0.02.
+# Read by eye from the figures (docs/notes/pfa.md §4.1 Fig. 3, §4.8 Fig. 10-12), ±0.02.
 _ORDER = ("pfa", "pfa-plus", "weiavg", "fedavg-hdp", "minimum", "maximum", "fedavg")
 _PAPER_ROWS = {
     ("logreg", "iid", "mixgauss1", 20): (0.69, 0.71, 0.53, 0.20, 0.17, 0.76, 0.81),
@@ -98,7 +98,7 @@ def parse_args() -> argparse.Namespace:
 
 def run_config(setting: str, method: str, seed: int, sets: list[str], out_dir: str) -> dict[str, Any]:
     """pyproject defaults < the setting's TOML < --set < (strategy, seed, out-dir)."""
-    from server.cli import app_defaults, flatten, parse_assignment
+    from privet.cli import app_defaults, flatten, parse_assignment
 
     cfg = app_defaults()
     with open(HERE / f"{setting}.toml", "rb") as fh:
@@ -113,7 +113,7 @@ def run_config(setting: str, method: str, seed: int, sets: list[str], out_dir: s
 def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     from client.app import app as client_app
     from server.app import run_experiment
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(int(cfg["num-clients"])), cfg)
     started = time.perf_counter()
@@ -140,7 +140,7 @@ def render(records: list[dict[str, Any]]) -> str:
         "",
         "Written by `experiments/pfa/reproduce.py` from `runs.jsonl`. Ours: mean ± std over "
         "seeds of the final-round test accuracy (and of the mean of the last 3 rounds). "
-        "Paper: read by eye from its figures at round ≈ 95 (±0.02; notes `pfa.md` §4). "
+        "Paper: read by eye from its figures at round ≈ 95 (±0.02; `docs/notes/pfa.md` §4). "
         "Our runs are far shorter (see the script's docstring for every difference), so "
         "compare the *ordering* of the methods rather than the levels.",
         "",

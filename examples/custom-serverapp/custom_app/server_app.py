@@ -2,7 +2,7 @@
 
 ``FedAvgHDP`` brings privet's budget handshake, budget-aware sampling, reply validation and
 per-client ε bookkeeping; everything else here is this app's own choice. The train config
-carries the keys privet's ClientApp reads (``strategies.keys``).
+carries the keys privet's ClientApp reads (``protocol.keys``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from strategies import keys
+from protocol import keys
 from strategies.baselines import FedAvgHDP
 from tasks.models import build_model, get_weights, weight_names
 

@@ -31,8 +31,10 @@ def drop_opacus_root_handler() -> None:
 
 
 def route_privet_logs_to_flower(level: int = logging.INFO) -> None:
-    """Attach Flower's handlers to the ``privet`` logger (idempotent), and drop Opacus'
-    duplicate root handler (:func:`drop_opacus_root_handler`)."""
+    """Attach Flower's handlers to the ``privet`` logger (idempotent).
+
+    Also drops Opacus' duplicate root handler (:func:`drop_opacus_root_handler`).
+    """
     drop_opacus_root_handler()
     privet = logging.getLogger("privet")
     privet.setLevel(level)

@@ -1,4 +1,4 @@
-"""Shared argument checks for the privacy package (private).
+"""Argument checks shared by the privacy core and the papers' math modules.
 
 Each helper names the offending argument and value in its message and rejects ``bool``
 (a ``True`` noise multiplier is a bug, not 1.0), NaN and infinities unless told otherwise.
@@ -20,6 +20,7 @@ __all__ = [
     "check_positive",
     "check_positive_finite",
     "check_probability",
+    "check_real",
     "check_release",
     "check_step",
 ]
@@ -31,6 +32,14 @@ def _as_real(name: str, value: Any) -> float:
     out = float(value)
     if math.isnan(out):
         raise ValueError(f"{name} must not be NaN; found {value!r}")
+    return out
+
+
+def check_real(name: str, value: Any, *, minimum: float) -> float:
+    """``value`` as a finite float >= ``minimum``."""
+    out = _as_real(name, value)
+    if not (minimum <= out < math.inf):
+        raise ValueError(f"{name} must be >= {minimum:g} and finite; found {value!r}")
     return out
 
 

@@ -318,7 +318,7 @@ def run_inprocess(run_config: dict[str, Any], console: "RunConsole | None" = Non
     from client.app import app as client_app
     from server.app import run_experiment
     from server.console import logs_to
-    from server.inprocess import InProcessGrid, simulation_node_configs
+    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(int(run_config["num-clients"])), run_config)
     with logs_to(console) if console is not None else contextlib.nullcontext():

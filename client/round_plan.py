@@ -1,0 +1,122 @@
+"""The mechanism of one round, decided before training so that it can be checked.
+
+:func:`plan_round` turns the server's train config and the client's ledger into σ sent,
+σ charged, q and steps; :func:`client_seed` and :func:`noise_for` give the round's
+non-DP seed and its DP randomness.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ConfigRecord, Context
+
+from client.personalization import dpsgd_workload
+from client.profile import ClientProfile
+from client.training import dpsgd_sample_rate, dpsgd_steps_per_round
+from privacy.calibration import noise_multiplier_for
+from privacy.exceptions import PrivacyBudgetExhausted
+from privacy.ledger import PrivacyLedger
+from privacy.policy import MIN_USABLE_FRACTION, is_spent
+from privacy.randomness import NoiseSource, noise_source
+from privacy.secure_sum import charged_multiplier
+from protocol import keys
+
+log = logging.getLogger("privet.client")
+
+#: ``context.state`` record holding the σ calibrated for the current run
+CALIBRATION_KEY = "privet.calibration"
+
+
+def client_seed(run_seed: int, partition_id: int, server_round: int) -> int:
+    """Per-(client, round) seed derived from the run's root seed.
+
+    Seeds only what is *not* DP randomness (weight init, shuffling and dropout of plain
+    local SGD), and the noise of ``noise-source = "seeded"``, which the reports declare
+    void against whoever knows the run seed.
+    """
+    return int(np.random.SeedSequence([run_seed, partition_id, server_round]).generate_state(1)[0])
+
+
+def noise_for(profile: ClientProfile, seed: int) -> NoiseSource:
+    """This client's DP randomness for one round (:mod:`privacy.randomness`)."""
+    return noise_source(profile.noise_source, seed if profile.noise_source == "seeded" else None)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The mechanism one round will run, known before training so it can be checked."""
+
+    noise_multiplier: float  # σ sent to the mechanism
+    charged_multiplier: float  # σ the ledger charges (update mode: σ/√m, or σ·√(r_min/m) in a secure sum)
+    sample_rate: float
+    steps: int
+
+
+def plan_round(
+    cfg: ConfigRecord,
+    ledger: PrivacyLedger,
+    context: Context,
+    num_examples: int,
+    min_survivors: int | None = None,
+) -> RoundPlan:
+    """Decide σ for this round: fixed from the server, or calibrated once per run.
+
+    In ``update`` mode the ledger charges σ/√m for an upload the server sees on its own,
+    and σ·√(r_min/m) for one that leaves only inside a secure sum of at least
+    ``min_survivors`` = r_min inputs (:mod:`privacy.secure_sum`); a calibrated σ is the
+    charged one scaled back to what the mechanism adds.
+
+    Calibration (when the server sends ``noise-multiplier = 0``) finds the smallest σ for
+    which the ledger's history *before this run* composed with ``num-rounds`` rounds of
+    this client's mechanism stays within ``min(budget, spent_before + target-epsilon)``.
+    Planning for every round of the run is conservative when the client is not sampled in
+    all of them. The result is cached in ``context.state`` for the rest of the run.
+    """
+    mode = str(cfg[keys.DP_MODE])
+    epochs = int(cfg[keys.LOCAL_EPOCHS])
+    batch = int(cfg[keys.BATCH_SIZE])
+    shares = int(cfg.get(keys.NOISE_SHARES, 1))
+    if mode == keys.DP_NONE:
+        return RoundPlan(0.0, 0.0, 1.0, 1)
+    if mode == keys.DP_SGD:
+        num_examples, epochs = dpsgd_workload(cfg, num_examples)
+        rate = dpsgd_sample_rate(num_examples, batch)
+        steps = dpsgd_steps_per_round(num_examples, batch, epochs)
+    else:
+        rate, steps = 1.0, 1
+    # charged = scale · sent: 1 outside update mode, 1/√m per upload, √(r_min/m) in a secure sum
+    scale = 1.0
+    if mode == keys.DP_UPDATE:
+        scale = charged_multiplier(1.0, shares, min_survivors) if min_survivors else 1.0 / math.sqrt(shares)
+    fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
+    if fixed > 0:
+        return RoundPlan(fixed, fixed * scale, rate, steps)
+
+    run_key = f"{context.run_id}"
+    cached = context.state.get(CALIBRATION_KEY)
+    if isinstance(cached, ConfigRecord) and cached.get("run-id") == run_key:
+        charged = float(cached["sigma"])
+    else:
+        target = float(cfg.get(keys.TARGET_EPSILON, 0.0))
+        before = ledger.spent()
+        if is_spent(before, ledger.epsilon_budget):
+            raise PrivacyBudgetExhausted(
+                f"spent eps={before:.4f} of {ledger.epsilon_budget:g}: less than "
+                f"{MIN_USABLE_FRACTION:.0%} remains, too little for a useful round"
+            )
+        cap = ledger.epsilon_budget if target <= 0 else min(ledger.epsilon_budget, before + target)
+        charged = noise_multiplier_for(
+            cap,
+            ledger.delta,
+            rate,
+            steps * int(cfg[keys.NUM_ROUNDS]),
+            accountant=ledger.accountant,
+            prior_history=list(ledger.history),
+        )
+        context.state[CALIBRATION_KEY] = ConfigRecord({"run-id": run_key, "sigma": charged})
+        log.info("calibrated sigma=%.4f for cap eps=%.3f (q=%.4f, %d steps/round)", charged, cap, rate, steps)
+    return RoundPlan(charged / scale, charged, rate, steps)

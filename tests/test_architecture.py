@@ -1,0 +1,77 @@
+"""The house's one-way imports (README, "How it is built"), checked on the source.
+
+Every ``import`` and ``from … import`` in every module, including those inside functions,
+is read with :mod:`ast`; a package may import only the packages below it, and no two
+modules may import each other, directly or through others.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: package -> the packages of ours it may import (besides itself)
+ALLOWED: dict[str, set[str]] = {
+    "privacy": set(),
+    "tasks": set(),
+    "protocol": {"privacy", "tasks"},
+    "strategies": {"protocol", "privacy", "tasks"},
+    "client": {"protocol", "privacy", "tasks"},
+    "server": {"strategies", "protocol", "privacy", "tasks"},
+    "privet": {"server", "client", "strategies", "protocol", "privacy", "tasks"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+            for pkg in ALLOWED for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module of ours that ``path`` imports, at any depth of the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.split(".")[0] in ALLOWED}
+
+
+MODULES = _modules()
+GRAPH = {name: {m for m in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_a_package_imports_only_what_lies_below_it(package):
+    wrong = sorted(f"{name} imports {target}" for name, targets in GRAPH.items() if name.split(".")[0] == package
+                   for target in targets if target.split(".")[0] not in ALLOWED[package] | {package})
+    assert not wrong, wrong
+
+
+def test_no_two_modules_import_each_other():
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in GRAPH[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    cycles = sorted(name for name in GRAPH if name in reach(name) and not name.endswith("__init__"))
+    # a package's __init__ re-exporting its modules is not a cycle of ideas
+    cycles = [c for c in cycles if not all(m == c.rsplit(".", 1)[0] or m.startswith(c.rsplit(".", 1)[0])
+                                           for m in reach(c) if c in reach(m) and m != c)]
+    assert not cycles, cycles
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The checker itself: an upward import is found (so a pass above means something)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from client.app import app\n")
+    assert "client.app" in _imports(bad)
