@@ -58,6 +58,7 @@ from client.training import (
     train_update_dp,
 )
 from privacy.accountants import DEFAULT_ACCOUNTANT, Step
+from privacy.dp_modes import dp_mode
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.policy import is_spent
 from privacy.randomness import NoiseSource
@@ -194,9 +195,7 @@ def train(msg: Message, context: Context) -> Message:
     try:
         profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
-        mode = str(cfg[keys.DP_MODE])
-        if mode not in keys.DP_MODES:
-            raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
+        mode = dp_mode(str(cfg[keys.DP_MODE])).name
     except (ValueError, KeyError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     stale = stale_reason(msg)
@@ -236,7 +235,8 @@ def _train_with_ledger(
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
 
-    if mode == keys.DP_NONE and math.isfinite(ledger.epsilon_budget):
+    private = dp_mode(mode).private
+    if not private and math.isfinite(ledger.epsilon_budget):
         return error_reply(
             msg,
             ERROR_BUDGET,
@@ -244,7 +244,7 @@ def _train_with_ledger(
             f"(eps={ledger.epsilon_budget:g}) and refuses non-private training",
         )
     uncapped = math.isinf(ledger.epsilon_budget) and float(cfg.get(keys.TARGET_EPSILON, 0.0)) <= 0
-    if mode != keys.DP_NONE and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0 and uncapped:
+    if private and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0 and uncapped:
         return error_reply(msg, ERROR_CONFIG, f"config-error: client {profile.client_id} has no finite budget "
                       "to calibrate noise from: set 'noise-multiplier' > 0 or give it an 'epsilon'")
     group_charge: list[Step] = []
@@ -256,7 +256,7 @@ def _train_with_ledger(
             plan = plan_round(cfg, ledger, context, len(data), secure)
         except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: remainder too small for any σ
             return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
-    if mode != keys.DP_NONE and (group_charge or group is None) \
+    if private and (group_charge or group is None) \
             and ledger.would_exceed(plan.charged_multiplier, plan.sample_rate, plan.steps):
         return error_reply(
             msg,

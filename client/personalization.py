@@ -59,6 +59,7 @@ from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.accountants import Step
 from privacy.mechanisms import local_noise_multiplier, privatize_update
 from privacy.randomness import NoiseSource
+from privacy.dp_modes import dp_mode
 from protocol import keys
 from tasks.datasets import ArrayDataset
 from tasks.partition import HOLDOUT_FRACTION, training_size
@@ -309,9 +310,7 @@ def train_personalized(
         shard too small to split.
     """
     scheme = scheme_of(config)
-    mode = str(config[keys.DP_MODE])
-    if mode not in keys.DP_MODES:
-        raise ValueError(f"'{keys.DP_MODE}' must be one of {keys.DP_MODES}; found {mode!r}")
+    mode = dp_mode(str(config[keys.DP_MODE])).name
     private = mode == keys.DP_UPDATE
     dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode, noise) if mode == keys.DP_SGD else None
     shares = int(config.get(keys.NOISE_SHARES, 1))

@@ -8,7 +8,6 @@ non-DP seed and its DP randomness.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,13 +15,12 @@ from flwr.app import ConfigRecord, Context
 
 from client.personalization import dpsgd_workload
 from client.profile import ClientProfile
-from client.training import dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.calibration import noise_multiplier_for
+from privacy.dp_modes import dp_mode
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
 from privacy.randomness import NoiseSource, noise_source
-from privacy.secure_sum import charged_multiplier
 from protocol import keys
 
 log = logging.getLogger("privet.client")
@@ -42,7 +40,7 @@ def client_seed(run_seed: int, partition_id: int, server_round: int) -> int:
 
 
 def noise_for(profile: ClientProfile, seed: int) -> NoiseSource:
-    """This client's DP randomness for one round (:mod:`privacy.randomness`)."""
+    """The client's DP randomness for one round (:mod:`privacy.randomness`)."""
     return noise_source(profile.noise_source, seed if profile.noise_source == "seeded" else None)
 
 
@@ -65,10 +63,10 @@ def plan_round(
 ) -> RoundPlan:
     """Decide σ for this round: fixed from the server, or calibrated once per run.
 
-    In ``update`` mode the ledger charges σ/√m for an upload the server sees on its own,
-    and σ·√(r_min/m) for one that leaves only inside a secure sum of at least
-    ``min_survivors`` = r_min inputs (:mod:`privacy.secure_sum`); a calibrated σ is the
-    charged one scaled back to what the mechanism adds.
+    The mode's :class:`~privacy.dp_modes.DPMode` gives q, the steps and the charge: in
+    ``update`` mode σ/√m for an upload the server sees on its own, and σ·√(r_min/m) for one
+    that leaves only inside a secure sum of at least ``min_survivors`` = r_min inputs; a
+    calibrated σ is the charged one scaled back to what the mechanism adds.
 
     Calibration (when the server sends ``noise-multiplier = 0``) finds the smallest σ for
     which the ledger's history *before this run* composed with ``num-rounds`` rounds of
@@ -76,22 +74,13 @@ def plan_round(
     Planning for every round of the run is conservative when the client is not sampled in
     all of them. The result is cached in ``context.state`` for the rest of the run.
     """
-    mode = str(cfg[keys.DP_MODE])
-    epochs = int(cfg[keys.LOCAL_EPOCHS])
-    batch = int(cfg[keys.BATCH_SIZE])
-    shares = int(cfg.get(keys.NOISE_SHARES, 1))
-    if mode == keys.DP_NONE:
+    mode = dp_mode(str(cfg[keys.DP_MODE]))
+    if not mode.private:
         return RoundPlan(0.0, 0.0, 1.0, 1)
-    if mode == keys.DP_SGD:
-        num_examples, epochs = dpsgd_workload(cfg, num_examples)
-        rate = dpsgd_sample_rate(num_examples, batch)
-        steps = dpsgd_steps_per_round(num_examples, batch, epochs)
-    else:
-        rate, steps = 1.0, 1
-    # charged = scale · sent: 1 outside update mode, 1/√m per upload, √(r_min/m) in a secure sum
-    scale = 1.0
-    if mode == keys.DP_UPDATE:
-        scale = charged_multiplier(1.0, shares, min_survivors) if min_survivors else 1.0 / math.sqrt(shares)
+    num_examples, epochs = dpsgd_workload(cfg, num_examples)  # what DP-SGD trains on (personalization)
+    rate, steps = mode.release(num_examples, int(cfg[keys.BATCH_SIZE]), epochs)
+    # charged = scale · sent (privacy.dp_modes: 1, 1/√m per upload, √(r_min/m) in a secure sum)
+    scale = mode.charged(1.0, int(cfg.get(keys.NOISE_SHARES, 1)), min_survivors)
     fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
     if fixed > 0:
         return RoundPlan(fixed, fixed * scale, rate, steps)

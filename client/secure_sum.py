@@ -41,7 +41,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
-from privacy.secure_sum import add_mod, mask
+from privacy.secure_sum import add_mod, mask, wire_dtype
 from protocol import keys
 from protocol.errors import ERROR_SECURE_SUM
 
@@ -158,4 +158,5 @@ def _masked_update(state: SecAggPlusState, msg: Message, content: RecordDict) ->
         masked = add_mod(masked, pairwise, state.mod_range, 1 if state.nid > node else -1)
     for record in content.array_records.values():
         record.clear()
-    return {Key.MASKED_PARAMETERS: [ndarray_to_bytes(m) for m in masked]}
+    wire = wire_dtype(state.mod_range)
+    return {Key.MASKED_PARAMETERS: [ndarray_to_bytes(m.astype(wire)) for m in masked]}

@@ -454,11 +454,14 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from strategies.catalogue import catalogue_help
+
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="privet", description=MAIN_HELP, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report}")
     run = sub.add_parser("run", help="run one experiment (default: the embedded default)",
-                         description=RUN_HELP, formatter_class=fmt)
+                         description=RUN_HELP + "\n\nstrategies (--set strategy=NAME):\n" + catalogue_help(),
+                         formatter_class=fmt)
     run.add_argument("config", nargs="?", help="experiment TOML (keys of [tool.flwr.app.config])")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
     run.add_argument("--out", help="results directory (default: results/<strategy>-<time>)")

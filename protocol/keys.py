@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from privacy.dp_modes import DP_MODES as _DP_MODE_REGISTRY
+
 # --- record names inside a Message's RecordDict -----------------------------------
 ARRAYS: Final = "arrays"
 CONFIG: Final = "config"
@@ -63,11 +65,11 @@ GUARANTEE_UNIT: Final = "guarantee-unit"  # "client" | "record": what the client
 CLIENT_EVALUATION: Final = "client-evaluation"  # "on" | "off": answers evaluate messages
 TRAIN_METRICS: Final = "train-metrics"  # "on" | "off": reply carries uncovered train metrics
 
-# --- DP modes --------------------------------------------------------------------
+# --- DP modes (what each one does: privacy/dp_modes.py, the one registry) --------
 DP_SGD: Final = "dpsgd"
 DP_UPDATE: Final = "update"
 DP_NONE: Final = "none"
-DP_MODES: Final = (DP_SGD, DP_UPDATE, DP_NONE)
+DP_MODES: Final = tuple(_DP_MODE_REGISTRY)
 
 # --- error reasons a client sends (prefixes; the rest is a human message) ---------
 BUDGET_EXHAUSTED: Final = "budget-exhausted"

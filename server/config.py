@@ -24,7 +24,9 @@ from pydantic import (
 from privacy.accountants import ACCOUNTANTS
 from privacy.budgets import BUDGET_DISTRIBUTIONS
 from privacy.randomness import NOISE_SOURCES
+from protocol import keys
 from protocol.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
+from strategies.catalogue import CATALOGUE, SUM_ONLY_STRATEGIES
 from strategies.fedceo import FedCEOConfig
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
@@ -33,26 +35,8 @@ from protocol.config import kebab, one_of
 from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
 
-STRATEGIES = ("fedavg", "udp-fedavg", "fedavg-hdp", "minimum", "maximum", "weiavg", "pfa", "pfa-plus", "fedceo", "ppsgd", "centaur")
-STRATEGIES += tuple(GDPFED_STRATEGIES)  # GDPFed family (paper 003)
-STRATEGIES += ("dpfedc",)  # DP-FedC (issue 14)
-DP_MODES = ("dpsgd", "update", "none")
-#: Which DP mode each strategy's clients run when ``dp-mode`` is left at "auto".
-DEFAULT_DP_MODE = {
-    "fedavg": "none",
-    "udp-fedavg": "update",
-    "fedavg-hdp": "dpsgd",
-    "minimum": "dpsgd",
-    "maximum": "dpsgd",
-    "weiavg": "dpsgd",
-    "pfa": "dpsgd",
-    "pfa-plus": "dpsgd",
-    "fedceo": "update",
-    "ppsgd": "update",
-    "centaur": "update",
-    **{name: "update" for name in GDPFED_STRATEGIES},  # GDPFed family: client-level update DP
-    "dpfedc": "update",  # DP-FedC: clipped centroid updates + Gaussian noise (privacy.centroid_noise)
-}
+STRATEGIES = tuple(CATALOGUE)  # strategies/catalogue.py: every strategy, once
+DP_MODES = keys.DP_MODES
 
 
 #: field -> allowed values, for every key that names a choice
@@ -68,10 +52,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "client_evaluation": ("off", "on"),
     "secure_aggregation": SECURE_AGGREGATION,
 }
-
-#: Strategies whose aggregation needs only sums of the clients' updates, so they can run
-#: with secure aggregation (the others read individual updates).
-SECURE_SUM_STRATEGIES = ("fedavg", "udp-fedavg", *GDPFED_STRATEGIES)
 
 
 class ConfigError(ValueError):
@@ -179,9 +159,9 @@ class RunConfig(BaseModel):
         """Secure sums need update mode, a sum-only aggregation rule and a common σ."""
         if self.secure_aggregation == "none":
             return
-        if self.strategy not in SECURE_SUM_STRATEGIES:
+        if self.strategy not in SUM_ONLY_STRATEGIES:
             raise ValueError(f"'secure-aggregation' = '{self.secure_aggregation}' needs a strategy that aggregates "
-                             f"sums only, one of {list(SECURE_SUM_STRATEGIES)}; found '{self.strategy}'")
+                             f"sums only, one of {list(SUM_ONLY_STRATEGIES)}; found '{self.strategy}'")
         if self.resolved_dp_mode != "update":
             raise ValueError(f"'secure-aggregation' = '{self.secure_aggregation}' needs 'dp-mode' = 'update' (the "
                              f"noise is split among the clients of a sum); found '{self.resolved_dp_mode}'")
@@ -218,7 +198,7 @@ class RunConfig(BaseModel):
     @property
     def resolved_dp_mode(self) -> str:
         """``dp-mode``, with "auto" replaced by the strategy's own mode."""
-        return DEFAULT_DP_MODE[self.strategy] if self.dp_mode == "auto" else self.dp_mode
+        return CATALOGUE[self.strategy].dp_mode if self.dp_mode == "auto" else self.dp_mode
 
     @classmethod
     def from_flower(cls, run_config: Mapping[str, Any]) -> "RunConfig":

@@ -2,54 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Callable
 
 from flwr.app import ConfigRecord
 
 from server.config import RunConfig
 from protocol import keys
 from strategies.base import PrivacyAwareFedAvg
-from strategies.baselines import FedAvgHDP, MaximumBudget, MinimumBudget, UDPFedAvg
-from strategies.dpfedc import DPFedC, strategy_params as dpfedc_params
-from strategies.fedceo import FedCEO
-from strategies.gdpfed import GDPFED_STRATEGIES
-from strategies.pfa import PFA, PFAPlus, WeiAvg
-from strategies.personalized import CENTAUR, PPSGD
-
-StrategyFactory = Callable[..., PrivacyAwareFedAvg]
-
-#: name -> strategy class. Paper strategies register here too.
-STRATEGY_CLASSES: dict[str, StrategyFactory] = {
-    "fedavg": FedAvgHDP,
-    "udp-fedavg": UDPFedAvg,
-    "fedavg-hdp": FedAvgHDP,
-    "minimum": MinimumBudget,
-    "maximum": MaximumBudget,
-    "weiavg": WeiAvg,
-    "pfa": PFA,
-    "pfa-plus": PFAPlus,
-    "fedceo": FedCEO,
-    "ppsgd": PPSGD,
-    "centaur": CENTAUR,
-    **GDPFED_STRATEGIES,  # dp-fedavg, gdpfed, gdpfed-op, gdpfed-plus, idp-fedavg-*, pfa-groups
-    "dpfedc": DPFedC,
-}
-
-#: name -> the strategy's own keyword arguments, from its run-config section.
-STRATEGY_PARAMS: dict[str, Callable[[RunConfig], dict]] = {
-    "pfa": lambda cfg: {"params": cfg.pfa},
-    "pfa-plus": lambda cfg: {"params": cfg.pfa},
-    "fedceo": lambda cfg: {"params": cfg.fedceo},
-    **{name: (lambda cfg: {"params": cfg.gdpfed}) for name in GDPFED_STRATEGIES},
-    "dpfedc": dpfedc_params,
-}
+from strategies.catalogue import CATALOGUE
 
 
 def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
     """The configured strategy, with the shared sampling and privacy settings."""
-    factory = STRATEGY_CLASSES[cfg.strategy]
+    entry = CATALOGUE[cfg.strategy]
     min_train = min(cfg.min_train_clients, cfg.num_clients)
-    return factory(
+    strategy: PrivacyAwareFedAvg = entry.cls(
         dp_mode=cfg.resolved_dp_mode,
         noise_shares=cfg.noise_shares,
         accountant=cfg.accountant,
@@ -62,8 +28,9 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
         handshake_timeout=cfg.round_timeout,
         message_ttl=cfg.round_timeout,
         secure_aggregation=cfg.secagg if cfg.secure_aggregation != "none" else None,
-        **STRATEGY_PARAMS.get(cfg.strategy, lambda _: {})(cfg),
+        **entry.kwargs(cfg),
     )
+    return strategy
 
 
 def train_config(cfg: RunConfig) -> ConfigRecord:

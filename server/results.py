@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from privacy.accountants import REPLACE_ONE, exceeds_budget
+from privacy.dp_modes import DP_MODES
 from server.config import RunConfig
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 from strategies.gdpfed import GDPFED_STRATEGIES
@@ -89,22 +90,14 @@ def _guarantee(mode: str, account: ClientAccount, noise_shares: int, secure: int
 
     ``secure``: r_min when the client's updates left only inside secure sums (0: none).
     """
-    if mode == "none" or math.isinf(account.epsilon_budget):
+    if mode in DP_MODES and not DP_MODES[mode].private or math.isinf(account.epsilon_budget):
         return "none (non-private)"
     unit = ("its whole dataset (client-level)" if account.guarantee_unit == "client"
             else "any one of its records (record-level)")
-    share = "local Gaussian noise" if noise_shares == 1 else f"a 1/{noise_shares} share of the Gaussian noise"
-    how = {
-        "dpsgd": "DP-SGD with Poisson sampling",
-        "update": (f"its clipped update with {share}, charged per upload (no secure aggregation)" if not secure
-                   else f"its clipped update with {share}, released only inside a secure sum (SecAgg+) of at "
-                        f"least {secure} clients' updates and charged as noise multiplier sigma*sqrt({secure}/"
-                        f"{noise_shares}); the quantisation before the sum (stochastic rounding, clipping with "
-                        "probability <= secagg.clip-probability) is outside the accounting"),
-    }.get(mode, mode)
+    how = DP_MODES[mode].mechanism(noise_shares, secure) if mode in DP_MODES else mode
     if account.noise_source == "seeded":
         against = "no one who knows the run seed: its noise was seeded reproducibly (noise-source = seeded)"
-    elif secure and mode == "update":
+    elif secure:  # secure sums carry update-mode uploads only (config validation)
         against = ("the server and other clients, as long as no sum member colludes with the server (k colluding "
                    f"members who reveal their noise leave sigma*sqrt(({secure}-k)/{noise_shares})), and observers "
                    "of the model")

@@ -45,9 +45,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from privacy.accountants import DEFAULT_ACCOUNTANT, Step, epsilon_of, exceeds_budget
-from privacy.mechanisms import dpsgd_sample_rate, dpsgd_steps_per_round
+from privacy import dp_modes
 from privacy.policy import is_spent
-from privacy.secure_sum import charged_multiplier, quantisation_for
+from privacy.secure_sum import quantisation_for
 from protocol import keys
 from strategies.secure_sum import (
     SecureAggregation,
@@ -215,8 +215,7 @@ class PrivacyAwareFedAvg(FedAvg):
         max_examples: int = 0,
         secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        if dp_mode not in keys.DP_MODES:
-            raise ValueError(f"dp_mode must be one of {keys.DP_MODES}; found {dp_mode!r}")
+        dp_mode = dp_modes.dp_mode(dp_mode).name  # a ValueError naming 'dp-mode' and the modes
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must be in (0, 1]; found {fraction_train}")
         if noise_shares < 1:
@@ -296,16 +295,14 @@ class PrivacyAwareFedAvg(FedAvg):
         n = self.expected_num_examples(account)
         fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
         sigma = fixed if fixed > 0 else None
-        if self.dp_mode == keys.DP_NONE:
+        mode = dp_modes.dp_mode(self.dp_mode)
+        if not mode.private:
             return ExpectedRelease(n, 0.0, 1.0, 1)
-        if self.dp_mode == keys.DP_UPDATE:
-            return ExpectedRelease(n, sigma, 1.0, 1)
-        if cfg.get(keys.PERSONALIZATION, ""):  # the workload depends on the scheme: σ only
+        if mode.per_record and (cfg.get(keys.PERSONALIZATION, "")  # the workload depends on the scheme
+                                or keys.BATCH_SIZE not in cfg or keys.LOCAL_EPOCHS not in cfg):  # custom config
             return ExpectedRelease(n, sigma)
-        if keys.BATCH_SIZE not in cfg or keys.LOCAL_EPOCHS not in cfg:  # a custom train config
-            return ExpectedRelease(n, sigma)
-        batch, epochs = int(cfg[keys.BATCH_SIZE]), int(cfg[keys.LOCAL_EPOCHS])
-        return ExpectedRelease(n, sigma, dpsgd_sample_rate(n, batch), dpsgd_steps_per_round(n, batch, epochs))
+        rate, steps = mode.release(n, int(cfg.get(keys.BATCH_SIZE, 1)), int(cfg.get(keys.LOCAL_EPOCHS, 1)))
+        return ExpectedRelease(n, sigma, rate, steps)
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
         """Extra per-round diagnostics a subclass wants in the results (default: none)."""
@@ -494,15 +491,15 @@ class PrivacyAwareFedAvg(FedAvg):
 
     # -------------------------------------------------------- aggregate_train
     def _server_steps(self, metrics: dict[str, float]) -> list[Step]:
+        """The charge of a validated reply under the run's DP mode (:mod:`privacy.dp_modes`)."""
+        mode = dp_modes.dp_mode(self.dp_mode)
         sigma = float(metrics.get(keys.NOISE_MULTIPLIER, 0.0))
-        if self.dp_mode == keys.DP_SGD:
-            return [(sigma, float(metrics[keys.SAMPLE_RATE]), int(metrics[keys.LOCAL_STEPS]))]
-        if self.dp_mode == keys.DP_UPDATE:
-            if self.secure_aggregation is not None:  # seen only inside a sum of >= r_min inputs
-                r_min = self.secure_min_survivors(self.noise_shares)
-                return [(charged_multiplier(sigma, self.noise_shares, r_min), 1.0, 1)]
-            return [(sigma / math.sqrt(self.noise_shares), 1.0, 1)]
-        return [(0.0, 1.0, 1)]
+        # an update seen only inside a secure sum of >= r_min inputs is charged sigma*sqrt(r_min/m)
+        r_min = self.secure_min_survivors(self.noise_shares) if self.secure_aggregation is not None else None
+        charged = mode.charged(sigma, self.noise_shares, r_min)
+        if mode.per_record:  # DP-SGD: the q and steps the reply reports, checked against expected_release
+            return [(charged, float(metrics[keys.SAMPLE_RATE]), int(metrics[keys.LOCAL_STEPS]))]
+        return [(charged, 1.0, 1)]
 
     def server_steps(self, account: ClientAccount, metrics: dict[str, float]) -> list[Step]:
         """The mechanisms a validated reply adds to this client's server-side history

@@ -44,7 +44,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.serverapp import Grid
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
-from privacy.secure_sum import MAX_BITS, Quantisation, add_mod, mask
+from privacy.secure_sum import MAX_BITS, Quantisation, add_mod, mask, wire_dtype
 from protocol import keys
 from protocol.config import kebab
 
@@ -230,10 +230,11 @@ def masked_input(reply: Message, shapes: Sequence[tuple[int, ...]], modulus: int
         arrays = [bytes_to_ndarray(cast(bytes, b)) for b in raw]
     except (ValueError, TypeError, OSError) as exc:
         return f"masked arrays cannot be read ({exc})"
+    wire = wire_dtype(modulus)
     for a, shape in zip(arrays, shapes, strict=True):
-        if a.shape != tuple(shape) or a.dtype != np.int64 or (a.size and (a.min() < 0 or a.max() >= modulus)):
-            return f"a masked array is not int64 of shape {tuple(shape)} in [0, {modulus})"
-    return arrays
+        if a.shape != tuple(shape) or a.dtype != wire or (a.size and int(a.max()) >= modulus):
+            return f"a masked array is not {wire} of shape {tuple(shape)} in [0, {modulus})"
+    return [a.astype(np.int64) for a in arrays]
 
 
 def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np.ndarray]],

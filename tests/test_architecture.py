@@ -75,3 +75,15 @@ def test_the_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from client.app import app\n")
     assert "client.app" in _imports(bad)
+
+
+def test_the_app_bundle_holds_the_packages_and_nothing_else():
+    """`flwr run` ships exactly the code the ServerApp and ClientApp import (pyproject's fab-include)."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    names = set(zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()) - {"pyproject.toml", ".info/CONTENT"}
+    assert {n.split("/")[0] for n in names} == set(ALLOWED)
+    assert names == {str(p.relative_to(ROOT)) for p in MODULES.values()}

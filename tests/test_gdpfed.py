@@ -224,13 +224,14 @@ def test_bad_configuration_fails_at_start_naming_the_key(overrides, key):
 
 
 def test_every_strategy_is_registered_with_its_section():
-    from server.registry import STRATEGY_CLASSES
+    from strategies.catalogue import CATALOGUE, GDPFED_FAMILY
 
-    for name in ("dp-fedavg", "gdpfed", "gdpfed-op", "gdpfed-plus", "idp-fedavg-scale", "idp-fedavg-sample",
-                 "pfa-groups"):
+    assert GDPFED_FAMILY == tuple(GDPFED_STRATEGIES)
+    for name in GDPFED_FAMILY:
         cfg = RunConfig.from_flower({"strategy": name, "budget-distribution": "groups", "num-clients": 300,
                                      "gdpfed.idp-sample-rates": [0.01, 0.02, 0.03]})
-        assert cfg.resolved_dp_mode == "update" and STRATEGY_CLASSES[name] is GDPFED_STRATEGIES[name]
+        assert cfg.resolved_dp_mode == "update" and CATALOGUE[name].cls is GDPFED_STRATEGIES[name]
+        assert CATALOGUE[name].cls.variant.name == name
 
 
 # ---------------------------------------------------------------- real runs (in-process)

@@ -112,6 +112,7 @@ def test_server_sees_uniform_masked_vectors_and_unmasks_exactly_the_sum(run_conf
     assert len(masked) == 5 and len(probe.sums) == 1 and probe.sums[0].total is not None
     modulus = 1 << (5 * (2**24 - 1)).bit_length()
     for node, vector in masked.items():
+        assert vector.dtype == np.uint32  # M = 2^27 here: 4 bytes a coordinate, as the float32 model
         # what the server held of each client is uniform on [0, M): KS test against U(0, M)
         assert stats.kstest(vector / modulus, "uniform").pvalue > 1e-4
         # while the client's own quantised input is not (the test has power)
@@ -210,6 +211,26 @@ def test_an_unclipped_update_makes_the_sum_fail_its_check(run_config_factory, mo
     assert "no secure sum was released" in summary["failed_rounds"][0]["reason"]
     row = json.loads((Path(cfg["out-dir"]) / "rounds.jsonl").read_text().splitlines()[1])
     assert "unclipped" in row["secure_sums"][0]["reason"] and not row["secure_sums"][0]["released"]
+
+
+def test_a_masked_input_of_the_wrong_width_or_range_is_unusable():
+    from flwr.app import ConfigRecord, RecordDict
+    from flwr.common import ndarray_to_bytes
+
+    from strategies.secure_sum import masked_input
+
+    def reply(arrays):
+        content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.MASKED_PARAMETERS: [ndarray_to_bytes(a)
+                                                                                        for a in arrays]})})
+        return Message(content, dst_node_id=1, message_type="train")
+
+    modulus, shapes = 2**27, [(3,), (2, 2)]
+    good = [np.array([0, 5, modulus - 1], np.uint32), np.ones((2, 2), np.uint32)]
+    parsed = masked_input(reply(good), shapes, modulus)
+    assert not isinstance(parsed, str) and parsed[0].dtype == np.int64 and parsed[0][2] == modulus - 1
+    assert "uint32" in masked_input(reply([a.astype(np.int64) for a in good]), shapes, modulus)
+    assert "in [0," in masked_input(reply([np.array([0, 5, modulus], np.uint32), good[1]]), shapes, modulus)
+    assert "expected 2" in masked_input(reply(good[:1]), shapes, modulus)
 
 
 def test_masks_are_uniform_distinct_and_cancel():

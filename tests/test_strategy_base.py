@@ -69,7 +69,7 @@ def test_sampling_never_picks_an_exhausted_client_and_is_seeded():
 
 
 def test_constructor_validates_its_domain():
-    with pytest.raises(ValueError, match="dp_mode"):
+    with pytest.raises(ValueError, match="dp.mode"):
         PrivacyAwareFedAvg(dp_mode="central")
     with pytest.raises(ValueError, match="fraction_train"):
         PrivacyAwareFedAvg(fraction_train=0.0)
