@@ -87,3 +87,14 @@ def test_the_app_bundle_holds_the_packages_and_nothing_else():
     names = set(zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()) - {"pyproject.toml", ".info/CONTENT"}
     assert {n.split("/")[0] for n in names} == set(ALLOWED)
     assert names == {str(p.relative_to(ROOT)) for p in MODULES.values()}
+
+
+def test_the_image_and_the_wheel_carry_every_package():
+    """A package added to the house must reach the Docker image and the wheel too."""
+    import tomllib
+
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert set(wheel["packages"]) == set(ALLOWED)
+    dockerfile, ignore = (ROOT / "Dockerfile").read_text(), (ROOT / ".dockerignore").read_text().split()
+    for package in ALLOWED:
+        assert f"COPY {package}/ {package}/" in dockerfile and f"!{package}/" in ignore, package

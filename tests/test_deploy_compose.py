@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import time
+import tomllib
 import uuid
 from pathlib import Path
 
@@ -41,8 +42,10 @@ CACHE = Path(os.environ.get("PRIVET_CACHE", "/var/cache/privet-ci"))
 IMAGE = "privet:ci-test"
 DATA = Path(os.environ.get("PRIVET_DATA", "/usr/share/datasets/fashion-mnist"))
 BUDGETS = [1.0, 2.5, 6.0]
-CONTEXT_FILES = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md",
-                 "server", "client", "strategies", "privacy", "tasks"]
+#: the build context: the files the Dockerfile copies, and every package the wheel ships
+PACKAGES = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
+    "packages"]
+CONTEXT_FILES = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", *PACKAGES]
 
 
 def _run(cmd: list[str], timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess:
