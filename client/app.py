@@ -162,7 +162,7 @@ def query_budget(msg: Message, context: Context) -> Message:
         profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
         ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
-        if context.run_config.get("strategy") == "dpfedc":  # DP-FedC (issue 14): its own data
+        if keys.DPFEDC_K in cfg:  # DP-FedC: the server says it is a clustering run, with its own data
             from client.dpfedc import load_client_data
 
             data = load_client_data(dict(context.run_config), profile.partition_id, profile.num_partitions, 1).T

@@ -285,6 +285,11 @@ class PrivacyAwareFedAvg(FedAvg):
         total = [sum(np.asarray(r.total[j]) for r in sums if r.total is not None) for j in range(len(self._global_arrays))]
         return [(g.astype(np.float64) + np.asarray(t) / count).astype(g.dtype) for g, t in zip(self._global_arrays, total)]
 
+    def handshake_config(self) -> dict[str, int | float | str]:
+        """Extra keys of the budget query (default: none): what a client needs to know about
+        the run to answer it, so that it never has to read a strategy's name."""
+        return {}
+
     def expected_num_examples(self, account: ClientAccount) -> int:
         """The example count a train reply must claim (default: the handshake's)."""
         return account.num_examples
@@ -357,7 +362,7 @@ class PrivacyAwareFedAvg(FedAvg):
         if not new and not retry:
             return
         timeout = self.handshake_timeout if new else min(self.handshake_timeout, RETRY_HANDSHAKE_SECONDS)
-        config = ConfigRecord({keys.ACCOUNTANT: self.accountant})
+        config = ConfigRecord({keys.ACCOUNTANT: self.accountant, **self.handshake_config()})
         messages = [
             Message(RecordDict({keys.CONFIG: config}), dst_node_id=n,
                     message_type=f"{MessageType.QUERY}.{keys.QUERY_BUDGET}")

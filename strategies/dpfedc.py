@@ -88,6 +88,10 @@ class DPFedC(PrivacyAwareFedAvg):
             return f"holds {account.num_examples} samples, fewer than k={self.params.k} clusters"
         return None
 
+    def handshake_config(self) -> dict[str, int | float | str]:
+        """The handshake tells a client it is a clustering run (its data is the clustering set)."""
+        return {keys.DPFEDC_K: self.params.k}
+
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))
         cfg.update(dpfedc_train_config(self.params, self.calibration, self.epsilon_bar, self.grad_clip,
