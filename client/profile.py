@@ -19,6 +19,7 @@ from typing import Mapping
 
 from privacy.budgets import budget_for, budgets_for
 from privacy.randomness import NOISE_SOURCES
+from protocol.config import numbers
 
 UserConfig = Mapping[str, bool | int | float | str]
 
@@ -128,8 +129,13 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     distribution = str(run_config["budget-distribution"])
     if distribution == NO_BUDGET:
         return math.inf
-    params = {"seed": int(run_config["seed"]), "epsilon": float(run_config["epsilon"]),
-              "epsilon_min": float(run_config["epsilon-min"]), "epsilon_max": float(run_config["epsilon-max"])}
+    params: dict[str, object] = {"seed": int(run_config["seed"]), "epsilon": float(run_config["epsilon"]),
+                                 "epsilon_min": float(run_config["epsilon-min"]), "epsilon_max": float(run_config["epsilon-max"])}
+    if distribution == "groups" and "budget-groups" in run_config:
+        params["groups"] = numbers("budget-groups", str(run_config["budget-groups"]))
+    if distribution == "groups" and "budget-group-ratio" in run_config:
+        params["group_ratio"] = tuple(int(r) for r in numbers(
+            "budget-group-ratio", str(run_config["budget-group-ratio"])))
     strategy = str(run_config.get("strategy", ""))
     if strategy in ("minimum", "maximum"):  # the reference needs every budget: O(N), these two only
         everyone = budgets_for(distribution, num_partitions, **params)

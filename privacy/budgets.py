@@ -34,9 +34,9 @@ Choices where the paper is silent (all documented in :func:`budget_for`):
   high-ε client (MixGauss1, 10 clients: 0.9¹⁰ ≈ 35 %).
 
 Two more distributions: ``"constant"`` gives every client ``epsilon``; ``"groups"`` is
-GDPFed's setting (Table 1 of that paper): clients split into len(groups) contiguous,
-equal-size groups by id (:func:`group_of`); group g's clients all hold ``groups[g]``.
-Default: Fashion-MNIST's (ε₁, ε₂, ε₃) = (0.5, 1.5, 3.0).
+GDPFed's setting (Table 1 of that paper): clients split into len(groups) contiguous
+groups by id, equal or in a given ratio (:func:`group_of`); group g's clients all hold
+``groups[g]``. Default: Fashion-MNIST's (ε₁, ε₂, ε₃) = (0.5, 1.5, 3.0) in equal groups.
 """
 
 from __future__ import annotations
@@ -113,23 +113,36 @@ def budget_rng(client_id: int, seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(entropy))
 
 
-def group_of(client_id: int, num_clients: int, num_groups: int) -> int:
+def group_of(client_id: int, num_clients: int, num_groups: int, ratio: Sequence[int] | None = None) -> int:
     """Group of ``client_id`` when ids 0…n−1 are cut into ``num_groups`` contiguous groups.
 
-    g(i) = ⌊i·M/n⌋: group sizes differ by at most one (⌈n/M⌉ or ⌊n/M⌋), lower ids go to
-    lower (stricter) groups. With M > n some groups are empty.
+    With relative sizes r_1 : … : r_M (``ratio``; equal when omitted) and R_g = r_1 + … + r_g,
+    group g holds ids ⌈n·R_{g−1}/R_M⌉ ≤ i < ⌈n·R_g/R_M⌉ (exact integer arithmetic), so each
+    size is within one of n·r_g/R_M and lower ids go to lower (stricter) groups. Equal
+    ratios give g(i) = ⌊i·M/n⌋. With M > n some groups are empty. GDPFed's Table 8 uses
+    1:4:1, 2:2:2, 3:2:1 and 1:2:3.
 
     Raises
     ------
     ValueError
-        If n < 1, M < 1 or i is not in [0, n).
+        If n < 1, M < 1, i is not in [0, n), or ``ratio`` is not M positive integers.
     """
     num_clients = check_int("num_clients", num_clients, minimum=1)
     num_groups = check_int("num_groups", num_groups, minimum=1)
     client_id = check_int("client_id", client_id, minimum=0)
     if client_id >= num_clients:
         raise ValueError(f"client_id must be in [0, {num_clients}); found {client_id}")
-    return client_id * num_groups // num_clients
+    if ratio is None:
+        return client_id * num_groups // num_clients
+    if isinstance(ratio, (str, bytes)) or len(ratio) != num_groups:
+        raise ValueError(f"ratio must hold {num_groups} group sizes; found {ratio!r}")
+    sizes = [check_int(f"ratio[{g}]", r, minimum=1) for g, r in enumerate(ratio)]
+    total, cumulative = sum(sizes), 0
+    for g, size in enumerate(sizes):
+        cumulative += size
+        if client_id < -(-num_clients * cumulative // total):  # ⌈n·R_g/R_M⌉
+            return g
+    raise AssertionError("unreachable: the last boundary is n")
 
 
 def _draw_truncated(rng: np.random.Generator, draw: str) -> float:
@@ -157,6 +170,7 @@ def budget_for(
     epsilon_min: float = 1.0,
     epsilon_max: float = 10.0,
     groups: Sequence[float] = GDPFED_FMNIST_GROUPS,
+    group_ratio: Sequence[int] | None = None,
 ) -> float:
     """The privacy budget ε of one client, deterministic in (distribution, id, seed, …).
 
@@ -184,6 +198,8 @@ def budget_for(
         Bounds of ``"uniform"``, 0 < min <= max.
     groups : sequence of float
         Group budgets of ``"groups"``, each > 0; default GDPFed Fashion-MNIST (0.5, 1.5, 3).
+    group_ratio : sequence of int, optional
+        Relative group sizes of ``"groups"`` (:func:`group_of`); equal when omitted.
 
     Returns
     -------
@@ -217,7 +233,7 @@ def budget_for(
         if isinstance(groups, (str, bytes)) or len(groups) == 0:
             raise ValueError(f"groups must be a non-empty sequence of budgets; found {groups!r}")
         values = [check_positive_finite(f"groups[{g}]", v) for g, v in enumerate(groups)]
-        return values[group_of(client_id, num_clients, len(values))]
+        return values[group_of(client_id, num_clients, len(values), group_ratio)]
     return _draw_truncated(rng, distribution)
 
 

@@ -20,3 +20,14 @@ def one_of(key: str, value: str, allowed: Sequence[str]) -> str:
     if value not in allowed:
         raise ValueError(f"'{key}' must be one of {', '.join(allowed)}; found {value!r}")
     return value
+
+
+def numbers(key: str, value: str) -> tuple[float, ...]:
+    """A run-config list of numbers, written ``"0.5, 1.5, 3"`` (``""`` is empty).
+
+    Flower's run config holds scalars only; a ValueError names the key and the expected form.
+    """
+    try:
+        return tuple(float(x) for x in value.replace(";", ",").split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"'{key}' must be comma-separated numbers, e.g. \"0.5, 1.5, 3\"; found {value!r}") from None

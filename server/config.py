@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from privacy.accountants import ACCOUNTANTS
-from privacy.budgets import BUDGET_DISTRIBUTIONS
+from privacy.budgets import BUDGET_DISTRIBUTIONS, GDPFED_FMNIST_GROUPS
 from privacy.randomness import NOISE_SOURCES
 from protocol import keys
 from protocol.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
@@ -31,7 +31,7 @@ from strategies.fedceo import FedCEOConfig
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
 from strategies.secure_sum import SECURE_AGGREGATION, SecureAggregation
-from protocol.config import kebab, one_of
+from protocol.config import kebab, numbers, one_of
 from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
 
@@ -91,6 +91,8 @@ class RunConfig(BaseModel):
     epsilon: float = Field(3.0, gt=0.0)
     epsilon_min: float = Field(1.0, gt=0.0)
     epsilon_max: float = Field(10.0, gt=0.0)
+    budget_groups: tuple[float, ...] = GDPFED_FMNIST_GROUPS
+    budget_group_ratio: tuple[int, ...] = (1, 1, 1)
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     run_epsilon: float = Field(0.0, ge=0.0)
     out_dir: str = ""
@@ -112,6 +114,24 @@ class RunConfig(BaseModel):
     def _choice(cls, v: str, info: ValidationInfo) -> str:
         return one_of(kebab(info.field_name), v, CHOICES[info.field_name])
 
+    @field_validator("budget_groups", mode="before")
+    @classmethod
+    def _group_budgets(cls, v: Any) -> Any:
+        v = numbers("budget-groups", v) if isinstance(v, str) else v
+        if not v or not all(isinstance(e, (int, float)) and 0 < e < float("inf") for e in v):
+            raise ValueError(f"'budget-groups' must be finite budgets > 0, one per group, e.g. \"0.5, 1.5, 3\"; "
+                             f"found {v!r}")
+        return v
+
+    @field_validator("budget_group_ratio", mode="before")
+    @classmethod
+    def _group_ratio(cls, v: Any) -> Any:
+        v = numbers("budget-group-ratio", v) if isinstance(v, str) else v
+        if not v or not all(isinstance(r, (int, float)) and float(r).is_integer() and r >= 1 for r in v):
+            raise ValueError(f"'budget-group-ratio' must be whole numbers >= 1 (relative group sizes, e.g. "
+                             f"\"1, 4, 1\"); found {v!r}")
+        return tuple(int(r) for r in v)
+
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
@@ -122,6 +142,9 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross(self) -> "RunConfig":
+        if len(self.budget_group_ratio) != len(self.budget_groups):
+            raise ValueError(f"'budget-group-ratio' must give one size per entry of 'budget-groups' "
+                             f"({len(self.budget_groups)}); found {list(self.budget_group_ratio)}")
         if self.epsilon_min > self.epsilon_max:
             raise ValueError(
                 f"'epsilon-min' ({self.epsilon_min}) must not exceed 'epsilon-max' ({self.epsilon_max})"
@@ -186,14 +209,20 @@ class RunConfig(BaseModel):
         from privacy.budgets import budgets_for
         from strategies.gdpfed import plan_groups
 
-        budgets = budgets_for(self.budget_distribution, self.num_clients, seed=self.seed, epsilon=self.epsilon,
-                              epsilon_min=self.epsilon_min, epsilon_max=self.epsilon_max)
+        budgets = budgets_for(self.budget_distribution, self.num_clients, **self.budget_params)
         cls = GDPFED_STRATEGIES[self.strategy]
         if not cls.variant.single_group and min(budgets) < self.gdpfed.group_epsilons[0] * (1 - 1e-9):
             raise ValueError(f"'gdpfed.group-epsilons': the first threshold {self.gdpfed.group_epsilons[0]:g} is "
                              f"above the smallest simulated budget {min(budgets):g}; those clients would be refused")
         plan_groups(cls.variant, self.gdpfed, [(e, self.delta) for e in budgets], self.num_server_rounds,
                     self.clip, lr=self.learning_rate, local_steps=self.local_epochs)
+
+    @property
+    def budget_params(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`privacy.budgets.budget_for` for this run's distribution."""
+        return {"seed": self.seed, "epsilon": self.epsilon, "epsilon_min": self.epsilon_min,
+                "epsilon_max": self.epsilon_max, "groups": self.budget_groups,
+                "group_ratio": self.budget_group_ratio}
 
     @property
     def resolved_dp_mode(self) -> str:

@@ -61,7 +61,7 @@ from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
 from strategies.secure_sum import SumResult
 from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
-from protocol.config import kebab, one_of
+from protocol.config import kebab, numbers, one_of
 from strategies.validation import ExpectedRelease
 
 log = logging.getLogger("privet.strategy")
@@ -125,13 +125,7 @@ class GDPFedConfig(BaseModel):
     @classmethod
     def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
         """Flower's run config holds scalars only: a list is written "0.5, 1.5, 3" ("" = empty)."""
-        if not isinstance(v, str):
-            return v
-        try:
-            return tuple(float(x) for x in v.replace(";", ",").split(",") if x.strip())
-        except ValueError:
-            raise ValueError(f"'gdpfed.{kebab(info.field_name)}' must be comma-separated numbers, "
-                             f"e.g. \"0.5, 1.5, 3\"; found {v!r}") from None
+        return numbers(f"gdpfed.{kebab(info.field_name)}", v) if isinstance(v, str) else v
 
     @field_validator("weighting")
     @classmethod

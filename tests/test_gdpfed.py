@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from client.app import app as client_app
 from privacy.accountants import epsilon_of
+from privacy.budgets import budgets_for
 from privacy.group_calibration import PAPER_SETTINGS, group_noise_multipliers, paper_delta
 from privacy.mechanisms import privatize_update
 from server.app import run_experiment
@@ -216,6 +217,11 @@ def test_pfa_groups_projects_the_strict_sum_onto_the_public_subspace():
      "'gdpfed.group-epsilons'.*cannot be reached"),
     ({"gdpfed.weighting": "fancy"}, "'gdpfed.weighting'"),
     ({"dp-mode": "dpsgd"}, "'dp-mode'"),
+    ({"budget-group-ratio": "1, 4"}, "'budget-group-ratio'.*one size per entry"),
+    ({"budget-group-ratio": "1, 0.5, 1"}, "'budget-group-ratio'.*whole numbers"),
+    ({"budget-groups": "0.5, abc, 3"}, "'budget-groups'.*comma-separated"),
+    ({"budget-groups": "0.5, -1, 3"}, "'budget-groups'.*> 0"),
+    ({"budget-groups": "0.25, 0.75, 1.5"}, "'gdpfed.group-epsilons'.*above the smallest simulated budget"),
 ])
 def test_bad_configuration_fails_at_start_naming_the_key(overrides, key):
     cfg = {"strategy": "gdpfed", "budget-distribution": "groups", "num-clients": 300, **overrides}
@@ -232,6 +238,17 @@ def test_every_strategy_is_registered_with_its_section():
                                      "gdpfed.idp-sample-rates": [0.01, 0.02, 0.03]})
         assert cfg.resolved_dp_mode == "update" and CATALOGUE[name].cls is GDPFED_STRATEGIES[name]
         assert CATALOGUE[name].cls.variant.name == name
+
+
+def test_the_groups_follow_the_budget_ratio_and_scale():
+    """Table 8's proportions and Table 9's ε scale: the plan's groups are the simulated groups."""
+    cfg = RunConfig.from_flower({"strategy": "gdpfed-plus", "budget-distribution": "groups", "num-clients": 600,
+                                 "budget-groups": "0.25, 0.75, 1.5", "budget-group-ratio": "1, 4, 1",
+                                 "gdpfed.group-epsilons": "0.25, 0.75, 1.5", "gdpfed.q": 0.05})
+    budgets = budgets_for("groups", 600, **cfg.budget_params)
+    plan, _ = plan_groups(GDPFED_STRATEGIES["gdpfed-plus"].variant, cfg.gdpfed, [(e, cfg.delta) for e in budgets],
+                       cfg.num_server_rounds, cfg.clip, lr=cfg.learning_rate, local_steps=cfg.local_epochs)
+    assert plan.sizes == [100, 400, 100] and plan.epsilons == [0.25, 0.75, 1.5]
 
 
 # ---------------------------------------------------------------- real runs (in-process)

@@ -144,6 +144,32 @@ def test_group_of_contiguous_equal_sizes(n: int, m: int) -> None:
     assert sizes.sum() == n and sizes.max() - sizes.min() <= 1
 
 
+@pytest.mark.parametrize("ratio", [(1, 4, 1), (2, 2, 2), (3, 2, 1), (1, 2, 3), (5, 1), (1,)])
+@pytest.mark.parametrize("n", [6000, 601, 7])
+def test_group_ratio_sizes_within_one_of_the_ratio(n: int, ratio: tuple[int, ...]) -> None:
+    groups = [group_of(i, n, len(ratio), ratio) for i in range(n)]
+    assert groups == sorted(groups)  # contiguous by id, strict groups first
+    sizes = np.bincount(groups, minlength=len(ratio))
+    exact = n * np.asarray(ratio) / sum(ratio)
+    assert sizes.sum() == n and np.all(np.abs(sizes - exact) < 1)
+
+
+def test_equal_ratio_is_the_equal_split() -> None:
+    for n in (10, 601, 6000):
+        assert [group_of(i, n, 3, (2, 2, 2)) for i in range(n)] == [group_of(i, n, 3) for i in range(n)]
+
+
+def test_groups_in_the_papers_proportions() -> None:
+    got = budgets_for("groups", 6000, seed=3, groups=(0.25, 0.75, 1.5), group_ratio=(1, 4, 1))
+    assert got == [0.25] * 1000 + [0.75] * 4000 + [1.5] * 1000
+
+
+@pytest.mark.parametrize("ratio", [(1, 2), (1, 0, 1), (1.5, 1, 1), "1,1,1"])
+def test_bad_group_ratio_is_refused(ratio: object) -> None:
+    with pytest.raises(ValueError, match="ratio"):
+        group_of(0, 10, 3, ratio)  # type: ignore[arg-type]
+
+
 def test_unknown_distribution_lists_allowed() -> None:
     with pytest.raises(ValueError, match=r"'constant'.*'mixgauss4'.*'groups'.*'zipf'"):
         budget_for("zipf", 0, num_clients=1, seed=0)

@@ -15,6 +15,9 @@ Usage::
 
     python experiments/gdpfed/reproduce.py --clients 6000 --rounds 50 --seeds 1 2 3
     python experiments/gdpfed/reproduce.py --methods gdpfed-plus --set gdpfed.sparsity=[0.5]
+    python experiments/gdpfed/reproduce.py --sweep table9 --seeds 1      # Tables 8-10: sweeps
+
+Results go to ``--out`` (a JSON-lines file, appended) and ``results.md`` beside it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,35 @@ METHODS: dict[str, tuple[str, str]] = {
 PAPER_Q = [0.0069, 0.0189, 0.0342]
 
 
+def _scaled(factor: float) -> dict[str, Any]:
+    eps = ", ".join(f"{factor * e:g}" for e in (0.5, 1.5, 3.0))
+    return {"budget-groups": eps, "gdpfed.group-epsilons": eps}
+
+
+#: Tables 8-10 (docs/notes/gdpfed.md §4), FMNIST rows: sweep -> (column title, {column: run-config
+#: changes}, {method: {column: paper value}}). The default column is Table 2's run (no changes).
+SWEEPS: dict[str, tuple[str, dict[str, dict[str, Any]], dict[str, dict[str, str]]]] = {
+    "table8": ("Table 8: group sizes |G1|:|G2|:|G3|",
+               {"1:4:1": {"budget-group-ratio": "1, 4, 1"}, "2:2:2": {},
+                "3:2:1": {"budget-group-ratio": "3, 2, 1"}, "1:2:3": {"budget-group-ratio": "1, 2, 3"}},
+               {"dp-fedavg": {"1:4:1": "71.59±0.46", "2:2:2": "71.88±0.15", "3:2:1": "71.75±0.58",
+                              "1:2:3": "71.89±0.51"},
+                "gdpfed-plus": {"1:4:1": "76.06±0.38", "2:2:2": "75.83±0.47", "3:2:1": "74.50±0.34",
+                                "1:2:3": "76.77±0.42"}}),
+    "table9": ("Table 9: every ε_m × factor",
+               {"0.5×": _scaled(0.5), "0.75×": _scaled(0.75), "1.0×": {}, "1.25×": _scaled(1.25),
+                "1.5×": _scaled(1.5)},
+               {"dp-fedavg": {"0.5×": "57.72±1.83", "0.75×": "68.87±0.55", "1.0×": "71.88±0.15",
+                              "1.25×": "73.76±0.39", "1.5×": "74.99±0.29"},
+                "gdpfed-plus": {"0.5×": "74.87±0.63", "0.75×": "75.55±0.41", "1.0×": "75.83±0.47",
+                                "1.25×": "75.97±0.42", "1.5×": "76.01±0.30"}}),
+    "table10": ("Table 10: clipping bound C × factor (C = 1.5)",
+                {"1.0×": {}, "1.25×": {"clip": 1.875}, "1.5×": {"clip": 2.25}},
+                {"dp-fedavg": {"1.0×": "71.88±0.15", "1.25×": "68.35±0.60", "1.5×": "63.62±1.23"},
+                 "gdpfed-plus": {"1.0×": "75.83±0.47", "1.25×": "75.58±0.60", "1.5×": "74.49±0.81"}}),
+}
+
+
 def run_config(method: str, clients: int, rounds: int, seed: int, out: Path, extra: dict[str, Any]) -> dict[str, Any]:
     """The paper's FMNIST configuration for one method (module docstring)."""
     from privet.cli import app_defaults
@@ -61,8 +93,8 @@ def run_config(method: str, clients: int, rounds: int, seed: int, out: Path, ext
         "budget-distribution": "groups", "delta": clients ** -1.1, "min-train-clients": 1,
         "out-dir": str(out), "gdpfed.q": 0.02,
     })
-    if method in ("gdpfed-op", "gdpfed-plus"):
-        cfg["gdpfed.sample-rates"] = PAPER_Q
+    if method in ("gdpfed-op", "gdpfed-plus") and not {"budget-groups", "budget-group-ratio"} & extra.keys():
+        cfg["gdpfed.sample-rates"] = PAPER_Q  # Table 1's q_m hold for the default groups only; else Problem 1
     if method == "fedavg":  # P-FedAvg: qn clients, no noise, no budgets
         cfg.update({"budget-distribution": "none", "fraction-train": 0.02})
     cfg.update(extra)
@@ -110,6 +142,27 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def sweep_table(name: str, rows: list[dict[str, Any]]) -> str:
+    """Markdown for one of Tables 8-10: ours (final accuracy, mean ± std over seeds) / paper."""
+    title, columns, paper = SWEEPS[name]
+    lines = [f"**{title}** (n = 6000, T = 50; ours / paper; seeds in brackets)", "",
+             "| Method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for method, by_column in paper.items():
+        cells = []
+        for column, extra in columns.items():
+            acc = [100 * r["final_accuracy"] for r in rows if r["method"] == method and r["clients"] == 6000
+                   and r["rounds"] == 50 and _same(r["extra"], extra)]
+            ours = ("–" if not acc else f"{statistics.mean(acc):.2f}" if len(acc) == 1
+                    else f"{statistics.mean(acc):.2f}±{statistics.stdev(acc):.2f}")
+            cells.append(f"{ours} ({len(acc)}) / {by_column[column]}")
+        lines.append(f"| {METHODS[method][0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
@@ -119,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], help="extra run-config key=value (JSON values)")
     parser.add_argument("--out", type=Path, default=HERE / "runs.jsonl")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--sweep", choices=sorted(SWEEPS), help="run the non-default columns of Table 8, 9 or 10 "
+                        "(methods default to dp-fedavg and gdpfed-plus, as in the paper)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import torch
@@ -131,16 +186,22 @@ def main(argv: list[str] | None = None) -> int:
             extra[key] = json.loads(value)
         except json.JSONDecodeError:
             extra[key] = value
+    runs = [extra]
+    if args.sweep:
+        runs = [{**setting, **extra} for setting in SWEEPS[args.sweep][1].values() if setting]
+        if args.methods == list(METHODS):
+            args.methods = list(SWEEPS[args.sweep][2])
     if not args.table_only:
         for seed in args.seeds:
-            for method in args.methods:
-                row = run_one(method, args.clients, args.rounds, seed, extra)
-                print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
-                with args.out.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+            for changes in runs:
+                for method in args.methods:
+                    row = run_one(method, args.clients, args.rounds, seed, changes)
+                    print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
+                    with args.out.open("a") as fh:
+                        fh.write(json.dumps(row) + "\n")
     rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()] if args.out.exists() else []
-    text = table(rows)
-    (HERE / "results.md").write_text(text + "\n")
+    text = "\n\n".join([table(rows), *(sweep_table(name, rows) for name in SWEEPS)])
+    (args.out.parent / "results.md").write_text(text + "\n")
     print(text)
     return 0
 
