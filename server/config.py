@@ -76,6 +76,7 @@ class RunConfig(BaseModel):
     dirichlet_alpha: float = Field(0.5, gt=0.0)
     shards_per_client: int = Field(2, ge=1)
     max_examples_per_client: int = Field(0, ge=0)
+    max_epsilon_ratio: float = Field(1000.0, ge=0.0)
     model: str = "cnn"
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(64, ge=1)

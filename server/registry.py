@@ -25,6 +25,7 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
         min_available_nodes=max(min_train, 1),
         min_accepted=min(cfg.min_accepted_clients, cfg.num_clients),
         max_examples=cfg.max_examples_per_client,
+        max_epsilon_ratio=cfg.max_epsilon_ratio,
         handshake_timeout=cfg.round_timeout,
         message_ttl=cfg.round_timeout,
         secure_aggregation=cfg.secagg if cfg.secure_aggregation != "none" else None,

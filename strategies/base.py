@@ -183,6 +183,11 @@ class PrivacyAwareFedAvg(FedAvg):
         The run's ``max-examples-per-client`` (0: none). An honest client never trains on or
         declares more, so a larger declared example count (which would make FedAvg's weight
         that site's alone) is refused at the handshake.
+    max_epsilon_ratio : float
+        The run's ``max-epsilon-ratio`` (0: none). Where clients are weighted by their declared
+        ε (:attr:`weights_by_epsilon`), a declaration above this many times the median declared
+        ε is refused at the handshake: one site could otherwise take almost all of a round's
+        weight (ε → 1e300 would even overflow Σε and wreck the model).
     min_accepted : int
         A round with fewer accepted replies fails: no new global model, listed in
         ``failed_rounds`` (the run config's ``min-accepted-clients``).
@@ -197,6 +202,10 @@ class PrivacyAwareFedAvg(FedAvg):
 
     Other parameters: see ``flwr.serverapp.strategy.FedAvg``.
     """
+
+    #: Whether clients are weighted by their declared ε (WeiAvg, PFA): such a strategy refuses a
+    #: dominant declaration (``max_epsilon_ratio``) and an infinite one.
+    weights_by_epsilon: bool = False
 
     def __init__(
         self,
@@ -213,6 +222,7 @@ class PrivacyAwareFedAvg(FedAvg):
         message_ttl: float | None = None,
         min_accepted: int = 1,
         max_examples: int = 0,
+        max_epsilon_ratio: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
     ) -> None:
         dp_mode = dp_modes.dp_mode(dp_mode).name  # a ValueError naming 'dp-mode' and the modes
@@ -236,6 +246,7 @@ class PrivacyAwareFedAvg(FedAvg):
         self.message_ttl = message_ttl
         self.min_accepted = min_accepted
         self.max_examples = max_examples
+        self.max_epsilon_ratio = max_epsilon_ratio
         #: Nodes refused at the handshake (never scheduled, not asked again): node -> why.
         self.refused: dict[int, Refusal] = {}
         #: Rounds that produced no new global model: round -> why.
@@ -421,10 +432,26 @@ class PrivacyAwareFedAvg(FedAvg):
             log.info("handshake: client %s (node %d) eps=%g delta=%g spent=%.4f n=%d",
                      account.client_id, node, account.epsilon_budget, account.delta,
                      account.epsilon_spent, account.num_examples)
+        self._refuse_dominant([self.accounts[n] for n in new + retry if n in self.accounts])
         for node in new + retry:
             if node not in self.accounts and (node not in self.refused or self.refused[node].retry):
                 self._refuse(node, f"node-{node}", f"no answer to the budget handshake within {timeout:g}s "
                              "(asked again at later rounds)", retry=True)
+
+    def _refuse_dominant(self, batch: list[ClientAccount]) -> None:
+        """Refuse, from a handshake batch, each declared ε above ``max_epsilon_ratio`` × the
+        median declared ε of every registered client (ε-weighted strategies only)."""
+        if not (self.weights_by_epsilon and self.max_epsilon_ratio > 0 and batch):
+            return
+        median = float(np.median([a.epsilon_budget for a in self.accounts.values()]))
+        for account in batch:
+            if account.epsilon_budget > self.max_epsilon_ratio * median:
+                del self.accounts[account.node_id]
+                self._refuse(account.node_id, account.client_id,
+                             f"declared eps={account.epsilon_budget:g} is more than max-epsilon-ratio="
+                             f"{self.max_epsilon_ratio:g} times the median declared eps ({median:g}); "
+                             f"{type(self).__name__} weights clients by eps, so this site would take nearly "
+                             "all of a round's weight (the operator may raise max-epsilon-ratio)")
 
     # -------------------------------------------------------------- sampling
     def eligible(self, node_ids: Iterable[int]) -> list[int]:

@@ -110,7 +110,10 @@ def declared_epsilon(account: ClientAccount) -> float:
 
 class EpsilonWeighted(PrivacyAwareFedAvg):
     """A strategy that weights clients by their declared ε: an infinite one is refused at
-    the handshake (it would take all the weight, and break the run mid-way)."""
+    the handshake (it would take all the weight, and break the run mid-way), and so is one
+    above ``max-epsilon-ratio`` × the median declared ε (:class:`PrivacyAwareFedAvg`)."""
+
+    weights_by_epsilon = True
 
     def refuse_declaration(self, account: ClientAccount) -> str | None:
         if math.isfinite(account.epsilon_budget):

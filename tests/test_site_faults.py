@@ -149,6 +149,30 @@ def test_budget_weighted_strategies_refuse_an_infinite_budget_at_the_handshake(r
     assert all(c["rounds_joined"] == [1] and c["within_budget"] for c in summary["clients"])
 
 
+@pytest.mark.parametrize("strategy", ["weiavg", "pfa"])
+def test_a_dominant_declared_budget_is_refused_but_the_papers_spread_is_not(run_config_factory, strategy):
+    """ε-weighting gives a site ε_i/Σε of a round: ε = 1e300 would take it all. The cap is relative
+    to the median, so PFA's own spread (public ε = 10 beside private ε = 0.1) passes."""
+    cfg = run_config_factory(strategy=strategy, num_server_rounds=1, budget_distribution="constant",
+                             epsilon=5.0, noise_multiplier=0.0)
+    nodes = ([_site(0, n=4, epsilon=10.0)] + [_site(i, n=4, epsilon=0.1 + 0.01 * i) for i in (1, 2)]
+             + [_site(3, n=4, epsilon=1e300)])
+    summary, sent = _run(cfg, nodes)
+    assert [r["client_id"] for r in summary["refused"]] == ["site-3"], summary["refused"]
+    assert "max-epsilon-ratio=1000" in summary["refused"][0]["reason"]
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 1
+    assert sorted(c["client_id"] for c in summary["clients"] if c["rounds_joined"] == [1]) == \
+        ["site-0", "site-1", "site-2"]
+    assert len(sent[FIRST_NODE_ID + 3]) == 1  # asked once (the handshake), never scheduled
+
+
+def test_the_dominance_cap_is_the_operators_to_lift(run_config_factory):
+    cfg = run_config_factory(strategy="weiavg", num_server_rounds=1, budget_distribution="constant",
+                             epsilon=5.0, max_epsilon_ratio=0.0)
+    summary, _ = _run(cfg, [_site(i, epsilon=1.0) for i in range(2)] + [_site(2, epsilon=1e6)])
+    assert not summary["refused"] and summary["rounds_completed"] == 1
+
+
 def test_a_round_below_its_minimum_fails_visibly(run_config_factory, tmp_path):
     cfg = run_config_factory(num_server_rounds=2, min_accepted_clients=2, budget_distribution="constant",
                              epsilon=50.0, noise_multiplier=1.0)
