@@ -93,3 +93,28 @@ def test_flwr_run_dot_refuses_a_federation_of_another_size(tmp_path):
     assert "'num-clients' = 3 but Flower's simulation started 2 SuperNodes" in log
     assert 'flwr run . --federation-config "num-supernodes=3"' in log
     assert not out.exists()
+
+
+def test_a_long_simulation_on_a_busy_machine_completes(tmp_path):
+    """The heartbeat issue (README, "Heartbeats on a loaded machine"): a multi-minute ``flwr run .``
+    while every core is also busy with a CPU hog (two per core) must end ``finished:completed``
+    in ``flwr ls``, with every round in the summary, when each simulated client keeps one thread."""
+    import sys
+
+    home, out = tmp_path / "home", tmp_path / "results"
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 * (os.cpu_count() or 1))]
+    try:  # 8 rounds x 3 clients x 600 examples: 1.5-3 min under this load here, several heartbeat expiries
+        config = f"num-clients=3 num-server-rounds=8 max-examples-per-client=600 out-dir='{out}'"
+        done = user_shell(f'flwr run . --run-config "{config}" --federation-config "num-supernodes=3 '
+                          f'client-resources-num-cpus=1" --stream', home, timeout=1200)
+        status = newest_run(home)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        stop_local_superlink(home)
+    log = done.stdout + done.stderr
+    assert status["status"] == "finished:completed", f"{status}\n{log[-4000:]}"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 8
