@@ -159,8 +159,8 @@ def _train_locally(
 def query_budget(msg: Message, context: Context) -> Message:
     """Handshake: declare (ε, δ), the example count and the ε already spent."""
     try:
-        profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
+        profile = resolve_profile(context.node_config, context.run_config, str(cfg.get(keys.BUDGET_REFERENCE, "")))
         ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
         if keys.DPFEDC_K in cfg:  # DP-FedC: the server says it is a clustering run, with its own data
             from client.dpfedc import load_client_data
@@ -193,8 +193,8 @@ def train(msg: Message, context: Context) -> Message:
     uncharged model.
     """
     try:
-        profile = resolve_profile(context.node_config, context.run_config)
         cfg = msg.content[keys.CONFIG]
+        profile = resolve_profile(context.node_config, context.run_config, str(cfg.get(keys.BUDGET_REFERENCE, "")))
         mode = dp_mode(str(cfg[keys.DP_MODE])).name
     except (ValueError, KeyError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")

@@ -20,6 +20,7 @@ from typing import Mapping
 from privacy.budgets import budget_for, budgets_for
 from privacy.randomness import NOISE_SOURCES
 from protocol.config import numbers
+from protocol.keys import BUDGET_REFERENCE, BUDGET_REFERENCES
 
 UserConfig = Mapping[str, bool | int | float | str]
 
@@ -118,13 +119,14 @@ def _node_int(node_config: UserConfig, key: str) -> int:
     return int(value)
 
 
-def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: int) -> float:
+def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: int,
+                     reference: str = "") -> float:
     """ε of a simulated client, from the run config's ``budget-distribution``.
 
-    The strategies ``minimum`` and ``maximum`` are PFA's homogeneous references: every
-    client holds the smallest (resp. largest) budget of the distribution. ``maximum`` is an
-    oracle that assumes every client accepts the most permissive budget; it exists only
-    to bound what heterogeneous methods could reach.
+    ``reference`` (``keys.BUDGET_REFERENCE`` of the message) is PFA's homogeneous references:
+    ``"minimum"`` (resp. ``"maximum"``) gives every client the smallest (largest) budget of
+    the distribution. ``maximum`` is an oracle that assumes every client accepts the most
+    permissive budget; it exists only to bound what heterogeneous methods could reach.
     """
     distribution = str(run_config["budget-distribution"])
     if distribution == NO_BUDGET:
@@ -136,10 +138,11 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     if distribution == "groups" and "budget-group-ratio" in run_config:
         params["group_ratio"] = tuple(int(r) for r in numbers(
             "budget-group-ratio", str(run_config["budget-group-ratio"])))
-    strategy = str(run_config.get("strategy", ""))
-    if strategy in ("minimum", "maximum"):  # the reference needs every budget: O(N), these two only
+    if reference in BUDGET_REFERENCES:  # the reference needs every budget: O(N), these two only
         everyone = budgets_for(distribution, num_partitions, **params)
-        return float(min(everyone) if strategy == "minimum" else max(everyone))
+        return float((min, max)[BUDGET_REFERENCES.index(reference)](everyone))
+    if reference:
+        raise ValueError(f"'{BUDGET_REFERENCE}' must be one of {', '.join(BUDGET_REFERENCES)}; found {reference!r}")
     # O(1): only this client's own draw (every client's is an independent stream)
     return float(budget_for(distribution, partition_id, num_clients=num_partitions, **params))
 
@@ -154,8 +157,11 @@ def deployed() -> bool:
     return sys.argv[0].endswith("flwr-clientapp")
 
 
-def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientProfile:
+def resolve_profile(node_config: UserConfig, run_config: UserConfig, reference: str = "") -> ClientProfile:
     """Build the client's profile from its node config and the run config.
+
+    ``reference`` is the message's ``keys.BUDGET_REFERENCE`` (simulation only, see
+    :func:`simulated_budget`).
 
     Raises
     ------
@@ -180,7 +186,7 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig) -> ClientPr
             )
         epsilon, source = math.inf, "none-declared"
     else:
-        epsilon = simulated_budget(run_config, partition_id, num_partitions)
+        epsilon = simulated_budget(run_config, partition_id, num_partitions, reference)
         source = "distribution"
     delta = _node_float(node_config, NODE_DELTA) if NODE_DELTA in node_config else float(run_config.get("delta", 1e-5))
     if not (epsilon > 0):  # also rejects NaN

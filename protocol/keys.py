@@ -28,6 +28,11 @@ CLIP: Final = "clip"
 NOISE_MULTIPLIER: Final = "noise-multiplier"
 NOISE_SHARES: Final = "noise-shares"
 TARGET_EPSILON: Final = "target-epsilon"
+#: Simulation only: every simulated client holds the smallest / largest budget of the run's
+#: distribution ("minimum" / "maximum": PFA's homogeneous references). A deployed client's
+#: budget comes from its node config alone and ignores it.
+BUDGET_REFERENCE: Final = "budget-reference"
+BUDGET_REFERENCES: Final = ("minimum", "maximum")
 LOCAL_EPOCHS: Final = "local-epochs"
 BATCH_SIZE: Final = "batch-size"
 LEARNING_RATE: Final = "learning-rate"

@@ -15,7 +15,9 @@ clients run, which the server app sets in the train config. ``minimum`` sends ev
 target ε equal to the smallest declared budget (clients then spend less than they may).
 ``maximum`` asks every client to spend the largest budget: a client whose own budget is
 smaller refuses, so this reference only runs where every client's budget *is* the largest
-(in simulation the budgets are set so; see ``client.profile.simulated_budget``).
+(in simulation the budget query and every train message say so, ``keys.BUDGET_REFERENCE``, and
+each simulated client then holds the distribution's largest budget; see
+``client.profile.simulated_budget``; a deployed client ignores it).
 """
 
 from __future__ import annotations
@@ -47,8 +49,15 @@ class UDPFedAvg(PrivacyAwareFedAvg):
 class _HomogeneousBudget(PrivacyAwareFedAvg):
     """Everyone calibrated to one ε chosen from the declared budgets."""
 
+    #: What every simulated client's budget is (``keys.BUDGET_REFERENCE``).
+    reference = ""
+
     def target_epsilon(self) -> float:
         raise NotImplementedError
+
+    def handshake_config(self) -> dict[str, int | float | str]:
+        """Simulated clients declare the distribution's reference budget, not their own."""
+        return {keys.BUDGET_REFERENCE: self.reference}
 
     def refuse_declaration(self, account: ClientAccount) -> str | None:
         if math.isfinite(account.epsilon_budget):
@@ -59,11 +68,14 @@ class _HomogeneousBudget(PrivacyAwareFedAvg):
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))
         cfg[keys.TARGET_EPSILON] = float(self.target_epsilon())
+        cfg[keys.BUDGET_REFERENCE] = self.reference
         return cfg
 
 
 class MinimumBudget(_HomogeneousBudget):
     """PFA's "Minimum": every client spends only the smallest declared budget."""
+
+    reference = "minimum"
 
     def target_epsilon(self) -> float:
         return min(a.epsilon_budget for a in self.accounts.values())
@@ -71,6 +83,8 @@ class MinimumBudget(_HomogeneousBudget):
 
 class MaximumBudget(_HomogeneousBudget):
     """PFA's "Maximum": every client at the largest declared budget (oracle reference)."""
+
+    reference = "maximum"
 
     def target_epsilon(self) -> float:
         return max(a.epsilon_budget for a in self.accounts.values())

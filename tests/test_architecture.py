@@ -98,3 +98,20 @@ def test_the_image_and_the_wheel_carry_every_package():
     dockerfile, ignore = (ROOT / "Dockerfile").read_text(), (ROOT / ".dockerignore").read_text().split()
     for package in ALLOWED:
         assert f"COPY {package}/ {package}/" in dockerfile and f"!{package}/" in ignore, package
+
+
+def test_the_client_never_reads_the_strategys_name():
+    """What a client must know about the run comes in its messages (the budget query's and the
+    train config's keys), never from ``run_config["strategy"]``: a string literal naming the
+    ``strategy`` run-config key or a catalogue entry does not occur in ``client/``."""
+    from strategies.catalogue import CATALOGUE
+
+    names = {"strategy", *CATALOGUE}
+    found = []
+    for name, path in MODULES.items():
+        if name.split(".")[0] != "client":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{name}:{node.lineno} {node.value!r}")
+    assert not found, found

@@ -209,5 +209,22 @@ def test_a_client_draws_its_own_budget_alone_and_it_equals_the_full_draw(name: s
     cfg = {"budget-distribution": name, "seed": 7, "epsilon": 3.0, "epsilon-min": 1.0, "epsilon-max": 10.0}
     everyone = budgets_for(name, 200, seed=7, epsilon=3.0, epsilon_min=1.0, epsilon_max=10.0)
     assert [simulated_budget(cfg, i, 200) for i in range(200)] == everyone
-    assert simulated_budget({**cfg, "strategy": "minimum"}, 5, 200) == min(everyone)
-    assert simulated_budget({**cfg, "strategy": "maximum"}, 5, 200) == max(everyone)
+    assert simulated_budget(cfg, 5, 200, reference="minimum") == min(everyone)
+    assert simulated_budget(cfg, 5, 200, reference="maximum") == max(everyone)
+    # the strategy's name is not what decides it (issue 10): the message's budget reference is
+    assert simulated_budget({**cfg, "strategy": "maximum"}, 5, 200) == everyone[5]
+
+
+def test_a_budget_reference_is_for_simulation_only() -> None:
+    """PFA's Maximum oracle gives every simulated client the largest budget; a site that declares
+    its own budget keeps it whatever the server's message says, and a bad reference is an error."""
+    from client.profile import resolve_profile, simulated_budget
+
+    run = {"budget-distribution": "uniform", "seed": 7, "epsilon": 3.0, "epsilon-min": 1.0, "epsilon-max": 10.0}
+    site = {"partition-id": 0, "num-partitions": 4, "epsilon": 2.0}
+    assert resolve_profile(site, run, "maximum").epsilon_budget == 2.0
+    simulated = {"partition-id": 0, "num-partitions": 4}
+    everyone = budgets_for("uniform", 4, seed=7, epsilon_min=1.0, epsilon_max=10.0)
+    assert resolve_profile(simulated, run, "maximum").epsilon_budget == max(everyone)
+    with pytest.raises(ValueError, match="'budget-reference' must be one of minimum, maximum"):
+        simulated_budget(run, 0, 4, reference="everything")
