@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 import torch
 from flwr.app import (
@@ -63,6 +64,8 @@ from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.policy import is_spent
 from privacy.randomness import NoiseSource
 from protocol import keys
+from protocol.budget_query import BudgetQuery
+from protocol.train_config import TrainConfig
 from protocol.errors import ERROR_BUDGET, ERROR_BUSY, ERROR_CONFIG, ERROR_REFUSED, ERROR_STALE
 from protocol.log import route_privet_logs_to_flower
 from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
@@ -81,7 +84,7 @@ def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDat
     """This client's training shard (and the dataset's class count), via the node's shard cache."""
     dataset = str(run_config["dataset"])
     data_dir = profile.data_dir or str(run_config.get("data-dir", "")) or None
-    partitioning = {
+    partitioning: dict[str, Any] = {  # client_data's keywords, and the shard cache's identity
         "method": str(run_config["partitioner"]),
         "alpha": float(run_config["dirichlet-alpha"]),
         "shards_per_client": int(run_config["shards-per-client"]),
@@ -110,7 +113,7 @@ def _model_from(msg: Message, data: ArrayDataset, num_classes: int, run_config: 
     model = build_model(
         str(run_config["model"]), input_shape=tuple(data.x.shape[1:]), num_classes=num_classes
     )
-    set_weights(model, msg.content[keys.ARRAYS].to_numpy_ndarrays())
+    set_weights(model, msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays())
     return model
 
 
@@ -118,7 +121,7 @@ def _train_locally(
     model: torch.nn.Module,
     data: ArrayDataset,
     local: LocalTrainingConfig,
-    cfg: ConfigRecord,
+    cfg: TrainConfig,
     context: Context,
     partition_id: int,
     *,
@@ -139,10 +142,9 @@ def _train_locally(
     ValueError
         On a personalization request the model or data cannot serve.
     """
-    grad_sample_mode = resolve_grad_sample_mode(str(cfg.get(keys.GRAD_SAMPLE_MODE, "auto")),
-                                                str(context.run_config.get("model", "")))
-    mode = str(cfg[keys.DP_MODE])
-    if cfg.get(keys.PERSONALIZATION, ""):
+    grad_sample_mode = resolve_grad_sample_mode(cfg.grad_sample_mode, str(context.run_config.get("model", "")))
+    mode = cfg.dp_mode
+    if cfg.personalization:
         return train_personalized(model, data, local, cfg, context, clip=clip, noise_multiplier=noise_multiplier,
                                   partition_id=partition_id, noise=noise, grad_sample_mode=grad_sample_mode)
     if mode == keys.DP_SGD:
@@ -150,7 +152,7 @@ def _train_locally(
                            grad_sample_mode=grad_sample_mode)
     if mode == keys.DP_UPDATE:
         return train_update_dp(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
-                               noise_shares=int(cfg.get(keys.NOISE_SHARES, 1)), noise=noise,
+                               noise_shares=cfg.noise_shares, noise=noise,
                                min_survivors=min_survivors)
     return train_non_private(model, data, local)
 
@@ -159,24 +161,25 @@ def _train_locally(
 def query_budget(msg: Message, context: Context) -> Message:
     """Handshake: declare (ε, δ), the example count and the ε already spent."""
     try:
-        cfg = msg.content[keys.CONFIG]
-        profile = resolve_profile(context.node_config, context.run_config, str(cfg.get(keys.BUDGET_REFERENCE, "")))
-        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
-        if keys.DPFEDC_K in cfg:  # DP-FedC: the server says it is a clustering run, with its own data
+        query = BudgetQuery.decode(msg.content[keys.CONFIG])
+        profile = resolve_profile(context.node_config, context.run_config, query.budget_reference)
+        ledger = load_ledger(profile, context, query.accountant)
+        if query.clustering:  # DP-FedC: the server says it is a clustering run, with its own data
             from client.dpfedc import load_client_data
 
-            data = load_client_data(dict(context.run_config), profile.partition_id, profile.num_partitions, 1).T
+            num_examples = load_client_data(dict(context.run_config), profile.partition_id,
+                                            profile.num_partitions, 1).shape[1]
         else:
-            data, _ = _load_local_data(profile, context.run_config)
+            num_examples = len(_load_local_data(profile, context.run_config)[0])
     except (ValueError, FileNotFoundError) as exc:
-        log.error("budget handshake refused (node %s): %s", context.node_config.get("client-id", context.node_id), exc)
+        log.error("budget handshake refused (node %s): %s", context.node_config.get(keys.NODE_CLIENT_ID, context.node_id), exc)
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     metrics = MetricRecord(
         {
             keys.EPSILON_BUDGET: float(ledger.epsilon_budget),
             keys.EPSILON_SPENT: float(ledger.spent()),
             keys.DELTA: float(ledger.delta),
-            keys.NUM_EXAMPLES: int(len(data)),
+            keys.NUM_EXAMPLES: int(num_examples),
         }
     )
     meta = reply_meta(profile, **{keys.GUARANTEE_UNIT: ledger.unit(),
@@ -193,9 +196,9 @@ def train(msg: Message, context: Context) -> Message:
     uncharged model.
     """
     try:
-        cfg = msg.content[keys.CONFIG]
-        profile = resolve_profile(context.node_config, context.run_config, str(cfg.get(keys.BUDGET_REFERENCE, "")))
-        mode = dp_mode(str(cfg[keys.DP_MODE])).name
+        record = msg.content.config_records[keys.CONFIG]
+        cfg = TrainConfig.decode(record)
+        profile = resolve_profile(context.node_config, context.run_config, cfg.budget_reference)
     except (ValueError, KeyError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     stale = stale_reason(msg)
@@ -203,30 +206,33 @@ def train(msg: Message, context: Context) -> Message:
         return error_reply(msg, ERROR_STALE, stale)
     try:
         with ledger_lock(profile):
-            if keys.DPFEDC_K in cfg:  # DP-FedC (issue 14): clustering, H_i kept on the node
+            if keys.DPFEDC_K in record:  # DP-FedC (issue 14): clustering, H_i kept on the node
                 from client.dpfedc import train_dpfedc
 
-                return train_dpfedc(msg, context, profile, cfg, mode)
-            return _train_with_ledger(msg, context, profile, cfg, mode)
+                return train_dpfedc(msg, context, profile, record, cfg)
+            return _train_with_ledger(msg, context, profile, cfg)
     except LedgerBusy as exc:
         return error_reply(msg, ERROR_BUSY, f"ledger-busy: {exc}")
 
 
 def _train_with_ledger(
-    msg: Message, context: Context, profile: ClientProfile, cfg: ConfigRecord, mode: str
+    msg: Message, context: Context, profile: ClientProfile, cfg: TrainConfig
 ) -> Message:
     """The body of :func:`train`, run while this node's ledger is locked."""
     started = time.perf_counter()
+    mode = cfg.dp_mode
     try:
-        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
+        ledger = load_ledger(profile, context, cfg.accountant)
         data, num_classes = _load_local_data(profile, context.run_config)
-        server_round = int(cfg[keys.SERVER_ROUND])
-        group = group_dp.GroupMechanism.from_config(cfg) if group_dp.is_group_round(cfg) else None  # GDPFed
+        server_round = cfg.server_round
+        if server_round < 1:
+            raise ValueError(f"the train config has no '{keys.SERVER_ROUND}' >= 1")
+        group = group_dp.GroupMechanism.from_config(cfg) if cfg.group_round else None  # GDPFed
         secure = secure_survivors(msg, context)  # r_min when this upload leaves only inside a secure sum
-        if secure is not None and (mode != keys.DP_UPDATE or cfg.get(keys.PERSONALIZATION, "")):
+        if secure is not None and (mode != keys.DP_UPDATE or cfg.personalization):
             raise ValueError(f"a secure sum needs dp-mode '{keys.DP_UPDATE}' without personalization; "
                              f"found dp-mode {mode!r}")
-        if secure is not None and group is None and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0:
+        if secure is not None and group is None and cfg.noise_multiplier <= 0:
             raise ValueError("a secure sum needs a common 'noise-multiplier' > 0: each member counts on the others "
                              "adding the same share of the noise, which budgets calibrated per client would not")
         if secure is not None and group is not None and secure < group.shares:  # GDPFed charges σ_m: all r_m
@@ -243,8 +249,8 @@ def _train_with_ledger(
             f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite budget "
             f"(eps={ledger.epsilon_budget:g}) and refuses non-private training",
         )
-    uncapped = math.isinf(ledger.epsilon_budget) and float(cfg.get(keys.TARGET_EPSILON, 0.0)) <= 0
-    if private and float(cfg.get(keys.NOISE_MULTIPLIER, 0.0)) <= 0 and uncapped:
+    uncapped = math.isinf(ledger.epsilon_budget) and cfg.target_epsilon <= 0
+    if private and cfg.noise_multiplier <= 0 and uncapped:
         return error_reply(msg, ERROR_CONFIG, f"config-error: client {profile.client_id} has no finite budget "
                       "to calibrate noise from: set 'noise-multiplier' > 0 or give it an 'epsilon'")
     group_charge: list[Step] = []
@@ -265,18 +271,18 @@ def _train_with_ledger(
             f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it",
         )
 
-    seed = client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
+    seed = client_seed(cfg.seed, profile.partition_id, server_round)
     torch.manual_seed(seed)  # weight init and dropout only: not DP randomness
     model = _model_from(msg, data, num_classes, context.run_config)
     global_weights = [w.copy() for w in get_weights(model)]
     local = LocalTrainingConfig(
-        epochs=int(cfg[keys.LOCAL_EPOCHS]),
-        batch_size=int(cfg[keys.BATCH_SIZE]),
-        learning_rate=float(cfg[keys.LEARNING_RATE]),
-        momentum=float(cfg.get(keys.MOMENTUM, 0.0)),
+        epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        momentum=cfg.momentum,
         seed=seed,
     )
-    clip = float(cfg.get(keys.CLIP, 1.0))
+    clip = cfg.clip
     try:
         if group is not None:
             train_metrics = group_dp.train_group_update(model, data, local, group, noise_for(profile, seed))
@@ -301,7 +307,7 @@ def _train_with_ledger(
     store_ledger(ledger, profile, context)
 
     charged_steps = sum(count for _, _, count in steps)
-    metrics: dict[str, float | int] = {
+    metrics: dict[str, int | float | list[int] | list[float]] = {
         keys.NUM_EXAMPLES: int(train_metrics.get(keys.NUM_EXAMPLES, len(data))),
         **privacy_metrics(ledger, before),
         keys.NOISE_MULTIPLIER: float(plan.noise_multiplier),

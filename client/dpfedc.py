@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,8 @@ from privacy.randomness import NoiseSource
 from client.replies import error_reply, privacy_metrics, reply_meta, stale_reason
 from client.round_plan import client_seed, noise_for, plan_round
 from protocol import keys
+from protocol.dpfedc import DPFedCRound
+from protocol.train_config import TrainConfig
 from protocol.errors import ERROR_BUDGET, ERROR_CONFIG, ERROR_STALE
 from tasks.clustering import (
     ClusteringParams,
@@ -142,16 +144,6 @@ def store_memberships(context: Context, path: Path | None, h: np.ndarray) -> Non
 
 
 # ----------------------------------------------------------------------------- Flower
-def params_from(cfg: ConfigRecord) -> ClusteringParams:
-    """The round's :class:`ClusteringParams` from the train config (keys.DPFEDC_*)."""
-    return ClusteringParams(
-        k=int(cfg[keys.DPFEDC_K]), rho=float(cfg[keys.DPFEDC_RHO]), mu_h=float(cfg[keys.DPFEDC_MU_H]),
-        mu_w=0.0, q1=int(cfg[keys.DPFEDC_Q1]), q2=int(cfg[keys.DPFEDC_Q2]),
-        q_hat=int(cfg.get(keys.DPFEDC_Q_HAT, 10)), batch=int(cfg[keys.BATCH_SIZE]),
-        h_step=str(cfg.get(keys.DPFEDC_H_STEP, "safe")), alpha2=float(cfg.get(keys.DPFEDC_ALPHA2, 5.0)),
-    )
-
-
 def load_client_data(run_config: dict, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
     """X_i (m × n_i) of this partition: the dataset named by ``dpfedc.dataset`` split with
     ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner)."""
@@ -165,8 +157,10 @@ def load_client_data(run_config: dict, partition_id: int, num_partitions: int, k
     return check_data(data.x[parts[partition_id]].T, k, name=f"client {partition_id}'s data")
 
 
-def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mode: str) -> Message:
+def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, train: TrainConfig) -> Message:
     """The train handler for DP-FedC (``client.app.train`` dispatches here under the lock).
+
+    ``cfg`` is the raw train config (DP-FedC's own keys); ``train`` its common part, decoded.
 
     Plans the round's noise (rigorous: z calibrated once per run from the client's budget
     with :func:`client.round_plan.plan_round`; paper: from ε̄ by (32) inverted), refuses a round
@@ -175,22 +169,23 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
     keeps H_i and answers with W̃_i and covered metrics only.
     """
     from client.ledger_store import load_ledger, store_ledger
-    from privacy.accountants import DEFAULT_ACCOUNTANT
     from privacy.exceptions import PrivacyBudgetExhausted
 
+    mode = train.dp_mode
     started = time.perf_counter()
-    calibration = str(cfg.get(keys.DPFEDC_CALIBRATION, "rigorous"))
     try:
-        params = params_from(cfg)
-        ledger = load_ledger(profile, context, str(cfg.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)))
+        section = DPFedCRound.decode(cfg)
+        calibration = section.calibration
+        params = section.params(train.batch_size)
+        ledger = load_ledger(profile, context, train.accountant)
         x = load_client_data(dict(context.run_config), profile.partition_id, profile.num_partitions, params.k)
-        server_round = int(cfg[keys.SERVER_ROUND])
-        w = check_centroids(msg.content[keys.ARRAYS].to_numpy_ndarrays()[0], x.shape[0], params.k)
+        server_round = train.server_round
+        w = check_centroids(msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()[0], x.shape[0], params.k)
     except (ValueError, KeyError, IndexError, FileNotFoundError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     n = x.shape[1]
-    clip = float(cfg.get(keys.CLIP, 1.0))
-    grad_clip = float(cfg.get(keys.DPFEDC_GRAD_CLIP, 0.0)) or math.inf
+    clip = train.clip
+    grad_clip = section.grad_clip or math.inf
     if mode == keys.DP_NONE:
         if math.isfinite(ledger.epsilon_budget):
             return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
@@ -199,17 +194,15 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
     elif calibration == "paper":
         q2 = params.w_steps(server_round)
         q = q2 * min(params.batch, n) / n
-        eps_round = paper_round_epsilon(float(cfg[keys.DPFEDC_EPSILON_BAR]), q,
-                                        float(cfg[keys.DPFEDC_CLIENT_RATE]), int(cfg[keys.NUM_ROUNDS]))
+        eps_round = paper_round_epsilon(section.epsilon_bar, q, section.client_rate, train.num_rounds)
         privacy = RoundPrivacy("paper", grad_clip=grad_clip, paper_epsilon=eps_round, delta=ledger.delta)
         charged = paper_noise_multiplier(eps_round, ledger.delta, q)
         if not math.isfinite(grad_clip):
             return error_reply(msg, ERROR_CONFIG, "config-error: the paper calibration needs dpfedc.grad-clip (G) > 0")
     else:
-        planned = int(cfg.get(keys.DPFEDC_PLANNED_ROUNDS, 0)) or int(cfg[keys.NUM_ROUNDS])
+        planned = section.planned_rounds or train.num_rounds
         try:
-            plan = plan_round(ConfigRecord({**dict(cfg), keys.NUM_ROUNDS: planned, keys.NOISE_SHARES: 1}),
-                               ledger, context, n)
+            plan = plan_round(replace(train, num_rounds=planned, noise_shares=1), ledger, context, n)
         except (PrivacyBudgetExhausted, ValueError) as exc:
             return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
         charged = plan.charged_multiplier
@@ -219,10 +212,10 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
         return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
                       f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it")
 
-    seed = client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, server_round)
+    seed = client_seed(train.seed, profile.partition_id, server_round)
     folder = profile.shard_cache or (str(Path(profile.ledger_path).parent) if profile.ledger_path else None)
     path = memberships_path(folder, profile.client_id, int(context.run_id))
-    h = load_memberships(context, path, params.k, n, client_seed(int(cfg.get(keys.SEED, 0)), profile.partition_id, 0))
+    h = load_memberships(context, path, params.k, n, client_seed(train.seed, profile.partition_id, 0))
     batches = np.random.default_rng(seed)  # minibatch choice: not DP randomness
     result = client_round(x, h, w, server_round, params, privacy, batches.random, noise_for(profile, seed))
     stale = stale_reason(msg)
@@ -236,7 +229,7 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, mod
         return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
     store_ledger(ledger, profile, context)
     store_memberships(context, path, result.memberships)  # H_i stays here, never in the reply
-    metrics: dict[str, float | int] = {
+    metrics: dict[str, int | float | list[int] | list[float]] = {
         keys.NUM_EXAMPLES: int(n),
         **privacy_metrics(ledger, before),
         keys.NOISE_MULTIPLIER: float(charged),

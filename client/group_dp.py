@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord
 from torch import nn
 
 from client.training import LocalTrainingConfig, local_sgd
@@ -32,16 +31,12 @@ from privacy.ledger import PrivacyLedger
 from privacy.mechanisms import privatize_update
 from privacy.randomness import NoiseSource
 from protocol import keys
+from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset
 from tasks.models import get_weights, set_weights
 
 #: The ledger mode of a GDPFed release (client-level: the whole update is clipped).
 GROUP_LEDGER_MODE = keys.DP_UPDATE
-
-
-def is_group_round(cfg: ConfigRecord) -> bool:
-    """Whether a train config asks for GDPFed's group mechanism."""
-    return keys.GROUP_SAMPLE_RATE in cfg
 
 
 @dataclass(frozen=True)
@@ -59,21 +54,12 @@ class GroupMechanism:
     group: int
 
     @classmethod
-    def from_config(cls, cfg: ConfigRecord) -> "GroupMechanism":
-        """Read and check the mechanism; ValueError naming the key if malformed."""
-        sigma = float(cfg[keys.NOISE_MULTIPLIER])
-        rate = float(cfg[keys.GROUP_SAMPLE_RATE])
-        rounds = int(cfg[keys.NUM_ROUNDS])
-        shares = int(cfg.get(keys.NOISE_SHARES, 1))
-        clip = float(cfg.get(keys.CLIP, 1.0))
-        if not sigma > 0:
-            raise ValueError(f"'{keys.NOISE_MULTIPLIER}' must be > 0 for a group round; found {sigma}")
-        if not 0 < rate <= 1:
-            raise ValueError(f"'{keys.GROUP_SAMPLE_RATE}' must be in (0, 1]; found {rate}")
-        if rounds < 1 or shares < 1 or not clip > 0:
-            raise ValueError(f"group round needs num-rounds >= 1, noise-shares >= 1, clip > 0; found "
-                             f"{rounds}, {shares}, {clip}")
-        return cls(sigma, rate, rounds, shares, clip, int(cfg.get(keys.GROUP_INDEX, 0)))
+    def from_config(cls, cfg: TrainConfig) -> GroupMechanism:
+        """The mechanism of a group round (``cfg.group_round``); ValueError naming the key if unusable."""
+        if not cfg.noise_multiplier > 0:
+            raise ValueError(f"'{keys.NOISE_MULTIPLIER}' must be > 0 for a group round; found {cfg.noise_multiplier}")
+        return cls(cfg.noise_multiplier, cfg.group_sample_rate, cfg.num_rounds, cfg.noise_shares, cfg.clip,
+                   cfg.group_index)
 
     @property
     def step(self) -> Step:

@@ -59,8 +59,8 @@ from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.accountants import Step
 from privacy.mechanisms import local_noise_multiplier, privatize_update
 from privacy.randomness import NoiseSource
-from privacy.dp_modes import dp_mode
 from protocol import keys
+from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset
 from tasks.partition import HOLDOUT_FRACTION, training_size
 from tasks.models import (
@@ -128,18 +128,17 @@ def holdout_split(data: ArrayDataset, run_seed: int, partition_id: int) -> tuple
     return data.subset(np.sort(order[n_test:])), data.subset(np.sort(order[:n_test]))
 
 
-def dpsgd_workload(config: ConfigRecord, num_examples: int) -> tuple[int, int]:
+def dpsgd_workload(config: TrainConfig, num_examples: int) -> tuple[int, int]:
     """(examples trained on, passes over them) of one ``dpsgd`` round, for any train config.
 
     Without personalization: the whole shard, ``local-epochs``. With it: the 80 % split
     (:func:`training_size`), and for CENTAUR ``head-epochs`` more passes (its head phase).
     """
-    epochs = int(config[keys.LOCAL_EPOCHS])
-    scheme = scheme_of(config)
-    if not scheme:
-        return int(num_examples), epochs
-    if scheme == keys.PERSONALIZATION_HEAD:
-        epochs += int(config.get(keys.HEAD_EPOCHS, 1))
+    if not config.personalization:
+        return int(num_examples), config.local_epochs
+    epochs = config.local_epochs
+    if config.personalization == keys.PERSONALIZATION_HEAD:
+        epochs += config.head_epochs
     return training_size(num_examples), epochs
 
 
@@ -282,7 +281,7 @@ def train_personalized(
     model: nn.Module,
     data: ArrayDataset,
     cfg: LocalTrainingConfig,
-    config: ConfigRecord,
+    config: TrainConfig,
     context: Context,
     *,
     clip: float,
@@ -309,23 +308,21 @@ def train_personalized(
         On an unknown scheme or dp-mode, a model without a Linear head (CENTAUR), or a
         shard too small to split.
     """
-    scheme = scheme_of(config)
-    mode = dp_mode(str(config[keys.DP_MODE])).name
+    scheme, mode, shares = config.personalization, config.dp_mode, config.noise_shares
     private = mode == keys.DP_UPDATE
     dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode, noise) if mode == keys.DP_SGD else None
-    shares = int(config.get(keys.NOISE_SHARES, 1))
     train, _ = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
     names = weight_names(model)
     received = dict(zip(names, get_weights(model)))
 
     if scheme == keys.PERSONALIZATION_ADDITIVE:
-        alpha = float(config.get(keys.PERSONAL_LR_SCALE, 1.0))
+        alpha = config.personal_lr_scale
         if not alpha > 0:
             raise ValueError(f"'{keys.PERSONAL_LR_SCALE}' must be > 0; found {alpha}")
         v = load_personal(context, scheme, received) or {n: np.zeros_like(a) for n, a in received.items()}
         if dpsgd is not None:
             u, v_new, metrics, steps = _train_additive_dpsgd(model, train, cfg, received, v, alpha, dpsgd)
-            upload, diag = [u[n] for n in names], {}
+            upload, diag = [u[n] for n in names], dict[str, float]()
         else:
             u, v_new, metrics = _train_additive(model, train, cfg, v, alpha)
             delta = [u[n] - received[n] for n in names]
@@ -334,9 +331,7 @@ def train_personalized(
         _store_personal(context, scheme, v_new)
     elif scheme == keys.PERSONALIZATION_HEAD:
         head, body = _head_split(model)
-        head_epochs = int(config.get(keys.HEAD_EPOCHS, 1))
-        if head_epochs < 1:
-            raise ValueError(f"'{keys.HEAD_EPOCHS}' must be >= 1; found {head_epochs}")
+        head_epochs = config.head_epochs
         local_head = load_personal(context, scheme, {n: received[n] for n in head})
         if local_head is not None:
             set_weights(model, [local_head.get(n, received[n]) for n in names])

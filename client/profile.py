@@ -17,27 +17,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from privacy.budgets import budget_for, budgets_for
+from privacy.budgets import GDPFED_FMNIST_GROUPS, budget_for
 from privacy.randomness import NOISE_SOURCES
 from protocol.config import numbers
-from protocol.keys import BUDGET_REFERENCE, BUDGET_REFERENCES
+from protocol.keys import (
+    BUDGET_REFERENCE,
+    BUDGET_REFERENCES,
+    NODE_ALLOW_EVALUATION,
+    NODE_ALLOW_SEEDED_NOISE,
+    NODE_CLIENT_ID,
+    NODE_DATA_DIR,
+    NODE_DELTA,
+    NODE_EPSILON,
+    NODE_LEDGER_PATH,
+    NODE_MAX_EXAMPLES,
+    NODE_NOISE_SOURCE,
+    NODE_NUM_PARTITIONS,
+    NODE_PARTITION_ID,
+    NODE_REPORT_TRAIN_METRICS,
+    NODE_SHARD_CACHE,
+)
 
 UserConfig = Mapping[str, bool | int | float | str]
-
-#: Node-config keys a SuperNode operator may set (``--node-config "k=v ..."``).
-NODE_PARTITION_ID = "partition-id"
-NODE_NUM_PARTITIONS = "num-partitions"
-NODE_CLIENT_ID = "client-id"
-NODE_EPSILON = "epsilon"
-NODE_DELTA = "delta"
-NODE_LEDGER_PATH = "ledger-path"
-NODE_DATA_DIR = "data-dir"
-NODE_SHARD_CACHE = "shard-cache"
-NODE_NOISE_SOURCE = "noise-source"  # csprng | os | seeded (see privacy.randomness)
-NODE_ALLOW_SEEDED_NOISE = "allow-seeded-noise"
-NODE_ALLOW_EVALUATION = "allow-evaluation"
-NODE_REPORT_TRAIN_METRICS = "report-train-metrics"
-NODE_MAX_EXAMPLES = "max-examples"
 
 #: Run-config keys a *simulated* client honours (in simulation the experimenter is also
 #: every client's operator). A deployed client (its node config declares ``epsilon``)
@@ -131,20 +132,23 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     distribution = str(run_config["budget-distribution"])
     if distribution == NO_BUDGET:
         return math.inf
-    params: dict[str, object] = {"seed": int(run_config["seed"]), "epsilon": float(run_config["epsilon"]),
-                                 "epsilon_min": float(run_config["epsilon-min"]), "epsilon_max": float(run_config["epsilon-max"])}
+    groups, ratio = GDPFED_FMNIST_GROUPS, None
     if distribution == "groups" and "budget-groups" in run_config:
-        params["groups"] = numbers("budget-groups", str(run_config["budget-groups"]))
+        groups = numbers("budget-groups", str(run_config["budget-groups"]))
     if distribution == "groups" and "budget-group-ratio" in run_config:
-        params["group_ratio"] = tuple(int(r) for r in numbers(
-            "budget-group-ratio", str(run_config["budget-group-ratio"])))
+        ratio = tuple(int(r) for r in numbers("budget-group-ratio", str(run_config["budget-group-ratio"])))
+
+    def draw(client_id: int) -> float:
+        return budget_for(distribution, client_id, num_clients=num_partitions, seed=int(run_config["seed"]),
+                          epsilon=float(run_config["epsilon"]), epsilon_min=float(run_config["epsilon-min"]),
+                          epsilon_max=float(run_config["epsilon-max"]), groups=groups, group_ratio=ratio)
+
     if reference in BUDGET_REFERENCES:  # the reference needs every budget: O(N), these two only
-        everyone = budgets_for(distribution, num_partitions, **params)
+        everyone = [draw(i) for i in range(num_partitions)]
         return float((min, max)[BUDGET_REFERENCES.index(reference)](everyone))
     if reference:
         raise ValueError(f"'{BUDGET_REFERENCE}' must be one of {', '.join(BUDGET_REFERENCES)}; found {reference!r}")
-    # O(1): only this client's own draw (every client's is an independent stream)
-    return float(budget_for(distribution, partition_id, num_clients=num_partitions, **params))
+    return float(draw(partition_id))  # O(1): only this client's own draw (each client's is its own stream)
 
 
 def deployed() -> bool:

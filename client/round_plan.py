@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Context
@@ -21,7 +22,7 @@ from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
 from privacy.policy import MIN_USABLE_FRACTION, is_spent
 from privacy.randomness import NoiseSource, noise_source
-from protocol import keys
+from protocol.train_config import TrainConfig
 
 log = logging.getLogger("privet.client")
 
@@ -55,7 +56,7 @@ class RoundPlan:
 
 
 def plan_round(
-    cfg: ConfigRecord,
+    cfg: TrainConfig,
     ledger: PrivacyLedger,
     context: Context,
     num_examples: int,
@@ -74,23 +75,23 @@ def plan_round(
     Planning for every round of the run is conservative when the client is not sampled in
     all of them. The result is cached in ``context.state`` for the rest of the run.
     """
-    mode = dp_mode(str(cfg[keys.DP_MODE]))
+    mode = dp_mode(cfg.dp_mode)
     if not mode.private:
         return RoundPlan(0.0, 0.0, 1.0, 1)
     num_examples, epochs = dpsgd_workload(cfg, num_examples)  # what DP-SGD trains on (personalization)
-    rate, steps = mode.release(num_examples, int(cfg[keys.BATCH_SIZE]), epochs)
+    rate, steps = mode.release(num_examples, cfg.batch_size, epochs)
     # charged = scale · sent (privacy.dp_modes: 1, 1/√m per upload, √(r_min/m) in a secure sum)
-    scale = mode.charged(1.0, int(cfg.get(keys.NOISE_SHARES, 1)), min_survivors)
-    fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
+    scale = mode.charged(1.0, cfg.noise_shares, min_survivors)
+    fixed = cfg.noise_multiplier
     if fixed > 0:
         return RoundPlan(fixed, fixed * scale, rate, steps)
 
     run_key = f"{context.run_id}"
     cached = context.state.get(CALIBRATION_KEY)
     if isinstance(cached, ConfigRecord) and cached.get("run-id") == run_key:
-        charged = float(cached["sigma"])
+        charged = float(cast(float, cached["sigma"]))
     else:
-        target = float(cfg.get(keys.TARGET_EPSILON, 0.0))
+        target = cfg.target_epsilon
         before = ledger.spent()
         if is_spent(before, ledger.epsilon_budget):
             raise PrivacyBudgetExhausted(
@@ -102,7 +103,7 @@ def plan_round(
             cap,
             ledger.delta,
             rate,
-            steps * int(cfg[keys.NUM_ROUNDS]),
+            steps * cfg.num_rounds,
             accountant=ledger.accountant,
             prior_history=list(ledger.history),
         )

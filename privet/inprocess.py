@@ -18,6 +18,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
+from protocol import keys
 
 #: A hook that may replace (tamper with) or drop (return None) a node's reply: for tests.
 ReplyHook = Callable[[int, Message, Message], Message | None]
@@ -114,4 +115,4 @@ class InProcessGrid(Grid):
 
 def simulation_node_configs(num_clients: int) -> list[dict[str, int]]:
     """The node configs Flower's simulation gives: partition-id / num-partitions only."""
-    return [{"partition-id": i, "num-partitions": num_clients} for i in range(num_clients)]
+    return [{keys.NODE_PARTITION_ID: i, keys.NODE_NUM_PARTITIONS: num_clients} for i in range(num_clients)]

@@ -1,16 +1,22 @@
-"""DP-FedC's run-config section (``[tool.flwr.app.config.dpfedc]``), read by both sides.
+"""DP-FedC's run-config section (``[tool.flwr.app.config.dpfedc]``) and its train-config keys.
 
-The server validates it at start (:mod:`server.config`); a client reads the same typed
-section to load its data (:func:`client.dpfedc.load_client_data`).
+The server validates the section at start (:mod:`server.config`); a client reads the same
+typed section to load its data (:func:`client.dpfedc.load_client_data`). Each clustering
+round's instructions travel as :class:`DPFedCRound` (``keys.DPFEDC_*``), beside the common
+:class:`protocol.train_config.TrainConfig`.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from privacy.centroid_noise import CALIBRATIONS
-from protocol.config import kebab, one_of
-from tasks.clustering import CLUSTERING_DATASETS, H_STEPS, SPLITS
+from protocol import keys
+from protocol.config import decode_fields, kebab, one_of
+from tasks.clustering import CLUSTERING_DATASETS, H_STEPS, SPLITS, ClusteringParams
 
 
 class DPFedCConfig(BaseModel):
@@ -52,3 +58,75 @@ class DPFedCConfig(BaseModel):
         allowed = {"dataset": CLUSTERING_DATASETS, "split": SPLITS, "h_step": H_STEPS, "calibration": CALIBRATIONS}
         name = str(info.field_name)
         return one_of(f"dpfedc.{kebab(name)}", v, allowed[name])
+
+
+@dataclass(frozen=True)
+class DPFedCRound:
+    """DP-FedC's keys of a clustering round's train config (``keys.DPFEDC_*``), typed.
+
+    Attributes
+    ----------
+    k, rho, mu_h, q1, q2, q_hat, h_step, alpha2 : the round's clustering parameters
+        (:class:`tasks.clustering.ClusteringParams`; b is the train config's ``batch-size``).
+    calibration : str
+        ``"rigorous"``, ``"paper"`` or ``"none"`` (:mod:`privacy.centroid_noise`).
+    epsilon_bar : float
+        The paper's nominal total ε (its calibration only).
+    grad_clip : float
+        G, the per-minibatch gradient bound (0: none).
+    client_rate : float
+        p = K/N of the paper's (32).
+    planned_rounds : int
+        Rounds a rigorous client plans its noise for (0: all of the run's).
+    """
+
+    k: int
+    rho: float
+    mu_h: float
+    q1: int
+    q2: int
+    q_hat: int = 10
+    h_step: str = "safe"
+    alpha2: float = 5.0
+    calibration: str = "rigorous"
+    epsilon_bar: float = 0.0
+    grad_clip: float = 0.0
+    client_rate: float = 1.0
+    planned_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        one_of(_key("calibration"), self.calibration, CALIBRATIONS)
+        one_of(_key("h_step"), self.h_step, H_STEPS)
+        for name in ("rho", "mu_h", "epsilon_bar", "grad_clip"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"'{_key(name)}' must be a finite number >= 0; found {getattr(self, name)}")
+        if not 0 < self.client_rate <= 1 or not 0 < self.alpha2 < float("inf"):
+            raise ValueError(f"'{_key('client_rate')}' must be in (0, 1] and '{_key('alpha2')}' > 0; found "
+                             f"{self.client_rate}, {self.alpha2}")
+        if self.planned_rounds < 0:
+            raise ValueError(f"'{_key('planned_rounds')}' must be >= 0; found {self.planned_rounds}")
+
+    def params(self, batch: int) -> ClusteringParams:
+        """The client round's :class:`ClusteringParams` (its own checks apply: k, Q₁, Q₂ ...)."""
+        return ClusteringParams(k=self.k, rho=self.rho, mu_h=self.mu_h, mu_w=0.0, q1=self.q1, q2=self.q2,
+                                q_hat=self.q_hat, batch=batch, h_step=self.h_step, alpha2=self.alpha2)
+
+    def encode(self) -> dict[str, Any]:
+        """The train-config entries (merged into the round's ``ConfigRecord`` by the strategy)."""
+        return {_key(name): value for name, value in asdict(self).items()}
+
+    @classmethod
+    def decode(cls, record: Mapping[str, Any]) -> DPFedCRound:
+        """Read the section from a train config; ``ValueError`` naming a missing or bad key."""
+        return decode_fields(cls, record, _key, ("k", "rho", "mu_h", "q1", "q2"))
+
+
+_KEYS = {"k": keys.DPFEDC_K, "rho": keys.DPFEDC_RHO, "mu_h": keys.DPFEDC_MU_H, "q1": keys.DPFEDC_Q1,
+         "q2": keys.DPFEDC_Q2, "q_hat": keys.DPFEDC_Q_HAT, "h_step": keys.DPFEDC_H_STEP, "alpha2": keys.DPFEDC_ALPHA2,
+         "calibration": keys.DPFEDC_CALIBRATION, "epsilon_bar": keys.DPFEDC_EPSILON_BAR,
+         "grad_clip": keys.DPFEDC_GRAD_CLIP, "client_rate": keys.DPFEDC_CLIENT_RATE,
+         "planned_rounds": keys.DPFEDC_PLANNED_ROUNDS}
+
+
+def _key(name: str) -> str:
+    return _KEYS[name]

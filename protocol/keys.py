@@ -62,6 +62,21 @@ TRAIN_SECONDS: Final = "train-seconds"
 #: (``report-train-metrics``): not covered by the client's ε.
 UNCOVERED_TRAIN_METRICS: Final = (TRAIN_LOSS, TRAIN_SECONDS, UPDATE_NORM, CLIPPED, "head-train-loss")
 
+# --- node-config keys a SuperNode operator sets (``--node-config "k=v ..."``) --------
+NODE_PARTITION_ID: Final = "partition-id"
+NODE_NUM_PARTITIONS: Final = "num-partitions"
+NODE_CLIENT_ID: Final = "client-id"
+NODE_EPSILON: Final = "epsilon"
+NODE_DELTA: Final = "delta"
+NODE_LEDGER_PATH: Final = "ledger-path"
+NODE_DATA_DIR: Final = "data-dir"
+NODE_SHARD_CACHE: Final = "shard-cache"
+NODE_NOISE_SOURCE: Final = "noise-source"  # csprng | os | seeded (see privacy.randomness)
+NODE_ALLOW_SEEDED_NOISE: Final = "allow-seeded-noise"
+NODE_ALLOW_EVALUATION: Final = "allow-evaluation"
+NODE_REPORT_TRAIN_METRICS: Final = "report-train-metrics"
+NODE_MAX_EXAMPLES: Final = "max-examples"
+
 # --- metadata (ConfigRecord "meta") in replies -----------------------------------
 CLIENT_ID: Final = "client-id"
 BUDGET_SOURCE: Final = "budget-source"  # "node-config" | "distribution"

@@ -73,8 +73,9 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
         loss, accuracy = evaluate(model, splits.test)
         line = {"round": server_round, "accuracy": float(accuracy), "loss": float(loss),
                 "elapsed_seconds": time.perf_counter() - started}
-        if server_round > 0 and strategy.round_log and strategy.round_log[-1]["round"] == server_round:
-            line.update(strategy.round_log[-1])
+        result = strategy.round_result(server_round) if server_round > 0 else None
+        if result is not None:
+            line.update(result.to_json())
         writer.write_round(line)
         log.info("round %d: test accuracy %.4f loss %.4f", server_round, accuracy, loss)
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})

@@ -42,8 +42,9 @@ def run_dpfedc(grid, cfg, run_id: int, out) -> dict:
         m = evaluate_centroids(x_eval, y_eval, w, strategy.params)
         line = {"round": server_round, "accuracy": m["accuracy"], "nmi": m["nmi"], "objective": m["objective"],
                 "loss": m["objective"], "elapsed_seconds": time.perf_counter() - started}
-        if server_round > 0 and strategy.round_log and strategy.round_log[-1]["round"] == server_round:
-            line.update(strategy.round_log[-1])
+        result = strategy.round_result(server_round) if server_round > 0 else None
+        if result is not None:
+            line.update(result.to_json())
         writer.write_round(line)
         log.info("round %d: clustering accuracy %.4f NMI %.4f objective %.2f", server_round, m["accuracy"],
                  m["nmi"], m["objective"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 
 from server.config import RunConfig
-from protocol import keys
+from protocol.train_config import TrainConfig
 from strategies.base import PrivacyAwareFedAvg
 from strategies.catalogue import CATALOGUE
 
@@ -36,22 +36,18 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
 
 def train_config(cfg: RunConfig) -> ConfigRecord:
     """The ConfigRecord every sampled client receives (strategies may add per-node keys)."""
-    record = ConfigRecord(
-        {
-            keys.NUM_ROUNDS: cfg.num_server_rounds,
-            keys.DP_MODE: cfg.resolved_dp_mode,
-            keys.CLIP: cfg.clip,
-            keys.NOISE_MULTIPLIER: cfg.noise_multiplier,
-            keys.NOISE_SHARES: cfg.noise_shares,
-            keys.LOCAL_EPOCHS: cfg.local_epochs,
-            keys.BATCH_SIZE: cfg.batch_size,
-            keys.LEARNING_RATE: cfg.learning_rate,
-            keys.MOMENTUM: cfg.momentum,
-            keys.GRAD_SAMPLE_MODE: cfg.grad_sample_mode,
-            keys.ACCOUNTANT: cfg.accountant,
-            keys.SEED: cfg.seed,
-        }
-    )
-    if cfg.run_epsilon > 0:  # spend at most this much of each client's budget in this run
-        record[keys.TARGET_EPSILON] = cfg.run_epsilon
-    return record
+    return TrainConfig(
+        num_rounds=cfg.num_server_rounds,
+        dp_mode=cfg.resolved_dp_mode,
+        clip=cfg.clip,
+        noise_multiplier=cfg.noise_multiplier,
+        noise_shares=cfg.noise_shares,
+        local_epochs=cfg.local_epochs,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        momentum=cfg.momentum,
+        grad_sample_mode=cfg.grad_sample_mode,
+        accountant=cfg.accountant,
+        seed=cfg.seed,
+        target_epsilon=cfg.run_epsilon,  # spend at most this much of each client's budget in this run
+    ).encode()

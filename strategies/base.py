@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Sequence, TypedDict
 
 import numpy as np
 from flwr.app import (
@@ -49,6 +49,7 @@ from privacy import dp_modes
 from privacy.policy import is_spent
 from privacy.secure_sum import quantisation_for
 from protocol import keys
+from protocol.budget_query import BudgetQuery
 from strategies.secure_sum import (
     SecureAggregation,
     SumResult,
@@ -60,6 +61,7 @@ from strategies.secure_sum import (
     release_sums,
 )
 from strategies.layers import weighted_mean
+from strategies.round_result import RoundResult
 from strategies.validation import (
     ArraySpec,
     DeclaredBudget,
@@ -159,14 +161,38 @@ RETRY_HANDSHAKE_SECONDS = 10.0
 _NODE_GONE_ERRORS = (ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 
+class StrategyOptions(TypedDict, total=False):
+    """The keyword arguments every privet strategy takes (:class:`PrivacyAwareFedAvg`).
+
+    A subclass declares its own parameters and passes these on typed
+    (``**options: Unpack[StrategyOptions]``), so a misspelt or mistyped option is an error
+    for mypy and at construction, as with Flower's own strategies.
+    """
+
+    dp_mode: str | None
+    noise_shares: int
+    accountant: str
+    seed: int
+    fraction_train: float
+    min_train_nodes: int
+    min_available_nodes: int
+    availability_timeout: float
+    handshake_timeout: float
+    message_ttl: float | None
+    min_accepted: int
+    max_examples: int
+    max_epsilon_ratio: float
+    secure_aggregation: SecureAggregation | None
+
+
 class PrivacyAwareFedAvg(FedAvg):
     """FedAvg with a budget handshake, budget-aware sampling, validation and bookkeeping.
 
     Parameters
     ----------
-    dp_mode : str
+    dp_mode : str or None
         ``"dpsgd"``, ``"update"`` or ``"none"``: what clients run (for the report and the
-        server-side recomputation of ε).
+        server-side recomputation of ε); ``None``: the class's :attr:`default_dp_mode`.
     noise_shares : int
         m of the ``update`` mode (noise N(0, σ²C²/m) per client).
     accountant : str
@@ -205,12 +231,14 @@ class PrivacyAwareFedAvg(FedAvg):
 
     #: Whether clients are weighted by their declared ε (WeiAvg, PFA): such a strategy refuses a
     #: dominant declaration (``max_epsilon_ratio``) and an infinite one.
-    weights_by_epsilon: bool = False
+    weights_by_epsilon: ClassVar[bool] = False
+    #: What its clients run when constructed without ``dp_mode`` (the method's own mode).
+    default_dp_mode: ClassVar[str] = keys.DP_SGD
 
     def __init__(
         self,
         *,
-        dp_mode: str = keys.DP_SGD,
+        dp_mode: str | None = None,
         noise_shares: int = 1,
         accountant: str = DEFAULT_ACCOUNTANT,
         seed: int = 0,
@@ -225,7 +253,7 @@ class PrivacyAwareFedAvg(FedAvg):
         max_epsilon_ratio: float = 0.0,
         secure_aggregation: SecureAggregation | None = None,
     ) -> None:
-        dp_mode = dp_modes.dp_mode(dp_mode).name  # a ValueError naming 'dp-mode' and the modes
+        dp_mode = dp_modes.dp_mode(dp_mode or self.default_dp_mode).name  # a ValueError naming the modes
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train must be in (0, 1]; found {fraction_train}")
         if noise_shares < 1:
@@ -252,7 +280,8 @@ class PrivacyAwareFedAvg(FedAvg):
         #: Rounds that produced no new global model: round -> why.
         self.failed_rounds: dict[int, str] = {}
         self.accounts: dict[int, ClientAccount] = {}
-        self.round_log: list[dict] = []
+        #: One :class:`RoundResult` per round that reached aggregation, in order.
+        self.round_log: list[RoundResult] = []
         self._global_specs: list[ArraySpec] = []
         self._global_names: list[str] = []
         self._sampled: dict[int, list[int]] = {}
@@ -296,10 +325,10 @@ class PrivacyAwareFedAvg(FedAvg):
         total = [sum(np.asarray(r.total[j]) for r in sums if r.total is not None) for j in range(len(self._global_arrays))]
         return [(g.astype(np.float64) + np.asarray(t) / count).astype(g.dtype) for g, t in zip(self._global_arrays, total)]
 
-    def handshake_config(self) -> dict[str, int | float | str]:
-        """Extra keys of the budget query (default: none): what a client needs to know about
-        the run to answer it, so that it never has to read a strategy's name."""
-        return {}
+    def budget_query(self) -> BudgetQuery:
+        """The budget query's config (:mod:`protocol.budget_query`): what a client needs to know
+        about the run to answer it, so that it never has to read a strategy's name."""
+        return BudgetQuery(accountant=self.accountant)
 
     def expected_num_examples(self, account: ClientAccount) -> int:
         """The example count a train reply must claim (default: the handshake's)."""
@@ -373,7 +402,7 @@ class PrivacyAwareFedAvg(FedAvg):
         if not new and not retry:
             return
         timeout = self.handshake_timeout if new else min(self.handshake_timeout, RETRY_HANDSHAKE_SECONDS)
-        config = ConfigRecord({keys.ACCOUNTANT: self.accountant, **self.handshake_config()})
+        config = self.budget_query().encode()
         messages = [
             Message(RecordDict({keys.CONFIG: config}), dst_node_id=n,
                     message_type=f"{MessageType.QUERY}.{keys.QUERY_BUDGET}")
@@ -568,7 +597,7 @@ class PrivacyAwareFedAvg(FedAvg):
         sampled = set(self._sampled.get(server_round, []))
         replied: set[int] = set()
         accepted: list[AcceptedReply] = []
-        rejected: list[dict] = []
+        rejected: list[dict[str, str]] = []
         for reply in replies:
             if reply.has_error() and reply.error.code in _NODE_GONE_ERRORS:
                 continue  # written by the SuperLink for a vanished node: counted as dropped below
@@ -613,21 +642,26 @@ class PrivacyAwareFedAvg(FedAvg):
         for node in dropped:
             self.accounts[node].dropped_rounds.append(server_round)
             log.warning("round %d: client %s dropped out (no reply)", server_round, self.accounts[node].client_id)
-        self.round_log.append({
-            "round": server_round,
-            "sampled": [self.accounts[n].client_id for n in sorted(sampled)],
-            "accepted": [r.client_id for r in accepted],
-            "rejected": rejected,
-            "dropped": [self.accounts[n].client_id for n in dropped],
-            "handshake_seconds": self._handshake_seconds.get(server_round, 0.0),
-            "bytes_down": self._bytes_down.get(server_round, 0),
-            "bytes_up": int(sum(a.nbytes for r in accepted for a in r.arrays)),
+        self.round_log.append(RoundResult(
+            round=server_round,
+            sampled=[self.accounts[n].client_id for n in sorted(sampled)],
+            accepted=[r.client_id for r in accepted],
+            rejected=rejected,
+            dropped=[self.accounts[n].client_id for n in dropped],
+            handshake_seconds=self._handshake_seconds.get(server_round, 0.0),
+            bytes_down=self._bytes_down.get(server_round, 0),
+            bytes_up=int(sum(a.nbytes for r in accepted for a in r.arrays)),
             # O(sampled) per round: the sampled clients' spend, and statistics over everyone
-            "epsilon_spent": {self.accounts[n].client_id: self.accounts[n].epsilon_spent
-                              for n in sorted(sampled) if n in self.accounts},
-            **spend_statistics(self.accounts.values()),
-        })
+            epsilon_spent={self.accounts[n].client_id: self.accounts[n].epsilon_spent
+                           for n in sorted(sampled) if n in self.accounts},
+            spend=spend_statistics(self.accounts.values()),
+        ))
         return accepted
+
+    def round_result(self, server_round: int) -> RoundResult | None:
+        """This round's result, once its replies were read (``None`` before, or for a round that
+        never reached aggregation)."""
+        return next((r for r in reversed(self.round_log) if r.round == server_round), None)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -641,23 +675,21 @@ class PrivacyAwareFedAvg(FedAvg):
             why = (f"{len(accepted)} accepted replies, fewer than the minimum of {self.min_accepted} "
                    f"(min-accepted-clients); the global model is unchanged")
             self.failed_rounds[server_round] = why
-            entry["failed"] = why
+            entry.fail(why)
             log.error("round %d failed: %s", server_round, why)
-            entry["aggregation_seconds"] = 0.0
-            return None, MetricRecord({"num-accepted": len(accepted), "num-rejected": len(entry["rejected"]),
-                                       "num-dropped": len(entry["dropped"])})
+            return None, MetricRecord({"num-accepted": len(accepted), "num-rejected": len(entry.rejected),
+                                       "num-dropped": len(entry.dropped)})
         start = time.perf_counter()
         aggregated = self.aggregate_models(server_round, accepted)
-        entry["aggregation_seconds"] = time.perf_counter() - start
-        entry.update(self.round_metrics(server_round))
+        entry.aggregated(time.perf_counter() - start, self.round_metrics(server_round))
         arrays = ArrayRecord({name: Array(np.asarray(a)) for name, a in zip(self._global_names, aggregated)})
         spent = [r.metrics[keys.EPSILON_SPENT] for r in accepted]
         losses = [r.metrics.get(keys.TRAIN_LOSS, math.nan) for r in accepted]
         finite_losses = [x for x in losses if math.isfinite(x)]
         metrics = MetricRecord({
             "num-accepted": len(accepted),
-            "num-rejected": len(entry["rejected"]),
-            "num-dropped": len(entry["dropped"]),
+            "num-rejected": len(entry.rejected),
+            "num-dropped": len(entry.dropped),
             "max-epsilon-spent": float(max(spent)),
             "mean-epsilon-spent": float(np.mean(spent)),
             keys.TRAIN_LOSS: float(np.mean(finite_losses)) if finite_losses else 0.0,
@@ -715,24 +747,23 @@ class PrivacyAwareFedAvg(FedAvg):
                            "survivors": len(result.survivors), "released": why is None, "reason": why or "",
                            "clip_range": state.quantisation.clipping_range, "bits": self.secure_aggregation.bits
                            if self.secure_aggregation else 0, "modulus_bits": state.quantisation.modulus.bit_length() - 1})
-        entry["secure_sums"] = report
-        entry["bytes_up"] = int(sum(a.nbytes for n in kept if n in inputs for a in inputs[n]))
+        entry.secure_sums = report
+        entry.bytes_up = int(sum(a.nbytes for n in kept if n in inputs for a in inputs[n]))
         if not released or sum(len(r.survivors) for r in released) < self.min_accepted:
             why = "no secure sum was released; the global model is unchanged" if not released else (
                 f"released sums hold fewer than the minimum of {self.min_accepted} inputs (min-accepted-clients)")
             self.failed_rounds[server_round] = why
-            entry["failed"] = why
-            entry["aggregation_seconds"] = time.perf_counter() - start
+            entry.fail(why)
+            entry.aggregation_seconds = time.perf_counter() - start
             log.error("round %d failed: %s", server_round, why)
-            return None, MetricRecord({"num-accepted": len(accepted), "num-rejected": len(entry["rejected"]),
-                                       "num-dropped": len(entry["dropped"])})
+            return None, MetricRecord({"num-accepted": len(accepted), "num-rejected": len(entry.rejected),
+                                       "num-dropped": len(entry.dropped)})
         aggregated = self.aggregate_sums(server_round, released)
-        entry["aggregation_seconds"] = time.perf_counter() - start
-        entry.update(self.round_metrics(server_round))
+        entry.aggregated(time.perf_counter() - start, self.round_metrics(server_round))
         arrays = ArrayRecord({name: Array(np.asarray(a)) for name, a in zip(self._global_names, aggregated)})
         spent = [r.metrics[keys.EPSILON_SPENT] for r in accepted]
         return arrays, MetricRecord({
-            "num-accepted": len(accepted), "num-rejected": len(entry["rejected"]),
-            "num-dropped": len(entry["dropped"]), "num-summed": sum(len(r.survivors) for r in released),
+            "num-accepted": len(accepted), "num-rejected": len(entry.rejected),
+            "num-dropped": len(entry.dropped), "num-summed": sum(len(r.survivors) for r in released),
             "max-epsilon-spent": float(max(spent)), "mean-epsilon-spent": float(np.mean(spent)),
         })

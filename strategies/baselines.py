@@ -23,10 +23,12 @@ each simulated client then holds the distribution's largest budget; see
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from flwr.app import ConfigRecord
 
 from protocol import keys
+from protocol.budget_query import BudgetQuery
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 
 
@@ -41,9 +43,7 @@ class UDPFedAvg(PrivacyAwareFedAvg):
     (``dp_mode="update"``); the server averages.
     """
 
-    def __init__(self, **kwargs) -> None:  # noqa: ANN003 - see PrivacyAwareFedAvg
-        kwargs.setdefault("dp_mode", keys.DP_UPDATE)
-        super().__init__(**kwargs)
+    default_dp_mode = keys.DP_UPDATE
 
 
 class _HomogeneousBudget(PrivacyAwareFedAvg):
@@ -55,9 +55,9 @@ class _HomogeneousBudget(PrivacyAwareFedAvg):
     def target_epsilon(self) -> float:
         raise NotImplementedError
 
-    def handshake_config(self) -> dict[str, int | float | str]:
+    def budget_query(self) -> BudgetQuery:
         """Simulated clients declare the distribution's reference budget, not their own."""
-        return {keys.BUDGET_REFERENCE: self.reference}
+        return replace(super().budget_query(), budget_reference=self.reference)
 
     def refuse_declaration(self, account: ClientAccount) -> str | None:
         if math.isfinite(account.epsilon_budget):

@@ -19,8 +19,11 @@ client updates its H_i each round as the paper's Algorithm 1 does (line 7).
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from flwr.app import ConfigRecord
@@ -30,7 +33,10 @@ from privacy.centroid_noise import (
     paper_round_epsilon,
 )
 from protocol import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from protocol.budget_query import BudgetQuery
+from protocol.dpfedc import DPFedCRound
+from protocol.train_config import TrainConfig
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.validation import ExpectedRelease
 from tasks.clustering import (
     ClusteringParams,
@@ -72,8 +78,9 @@ class DPFedC(PrivacyAwareFedAvg):
     """
 
     def __init__(self, *, params: ClusteringParams, calibration: str = "rigorous", epsilon_bar: float = 20.0,
-                 grad_clip: float = 0.0, num_clients: int = 100, planned_rounds: int = 0, **kwargs) -> None:
-        super().__init__(**kwargs)
+                 grad_clip: float = 0.0, num_clients: int = 100, planned_rounds: int = 0,
+                 **options: Unpack[StrategyOptions]) -> None:
+        super().__init__(**options)
         if calibration == "paper" and not grad_clip > 0:
             raise ValueError("dpfedc.calibration = 'paper' needs dpfedc.grad-clip (G) > 0")
         self.params = params
@@ -88,15 +95,14 @@ class DPFedC(PrivacyAwareFedAvg):
             return f"holds {account.num_examples} samples, fewer than k={self.params.k} clusters"
         return None
 
-    def handshake_config(self) -> dict[str, int | float | str]:
+    def budget_query(self) -> BudgetQuery:
         """The handshake tells a client it is a clustering run (its data is the clustering set)."""
-        return {keys.DPFEDC_K: self.params.k}
+        return replace(super().budget_query(), dpfedc_k=self.params.k)
 
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))
         cfg.update(dpfedc_train_config(self.params, self.calibration, self.epsilon_bar, self.grad_clip,
-                                       self.fraction_train))
-        cfg[keys.DPFEDC_PLANNED_ROUNDS] = self.planned_rounds
+                                       self.fraction_train, self.planned_rounds))
         return cfg
 
     def client_rate(self) -> float:
@@ -110,7 +116,7 @@ class DPFedC(PrivacyAwareFedAvg):
             return super().expected_release(server_round, account)
         n = account.num_examples
         q = self.params.w_steps(server_round) * min(self.params.batch, n) / n
-        eps = paper_round_epsilon(self.epsilon_bar, q, self.client_rate(), int(self._train_config[keys.NUM_ROUNDS]))
+        eps = paper_round_epsilon(self.epsilon_bar, q, self.client_rate(), TrainConfig.decode(self._train_config).num_rounds)
         return ExpectedRelease(n, paper_noise_multiplier(eps, account.delta, q), 1.0, 1)
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
@@ -119,16 +125,13 @@ class DPFedC(PrivacyAwareFedAvg):
 
 
 def dpfedc_train_config(params: ClusteringParams, calibration: str, epsilon_bar: float, grad_clip: float,
-                        client_rate: float) -> dict:
-    """The DP-FedC keys of a client's train config."""
-    return {
-        keys.DPFEDC_K: params.k, keys.DPFEDC_RHO: params.rho, keys.DPFEDC_MU_H: params.mu_h,
-        keys.DPFEDC_Q1: params.q1, keys.DPFEDC_Q2: params.q2, keys.DPFEDC_Q_HAT: params.q_hat,
-        keys.BATCH_SIZE: params.batch, keys.DPFEDC_H_STEP: params.h_step, keys.DPFEDC_ALPHA2: params.alpha2,
-        keys.DPFEDC_CALIBRATION: calibration, keys.DPFEDC_EPSILON_BAR: float(epsilon_bar),
-        keys.DPFEDC_GRAD_CLIP: float(grad_clip), keys.DPFEDC_CLIENT_RATE: float(client_rate),
-        keys.LOCAL_EPOCHS: 1,
-    }
+                        client_rate: float, planned_rounds: int = 0) -> dict:
+    """The DP-FedC entries of a client's train config (:class:`protocol.dpfedc.DPFedCRound`)."""
+    section = DPFedCRound(k=params.k, rho=params.rho, mu_h=params.mu_h, q1=params.q1, q2=params.q2,
+                          q_hat=params.q_hat, h_step=params.h_step, alpha2=params.alpha2, calibration=calibration,
+                          epsilon_bar=float(epsilon_bar), grad_clip=float(grad_clip),
+                          client_rate=float(client_rate), planned_rounds=planned_rounds)
+    return {**section.encode(), keys.BATCH_SIZE: params.batch, keys.LOCAL_EPOCHS: 1}
 
 
 # ----------------------------------------------------------------------------- evaluation

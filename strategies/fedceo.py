@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Unpack
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
@@ -32,7 +32,7 @@ from flwr.serverapp import Grid
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from protocol import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from protocol.config import kebab, one_of
 from strategies.fedceo_smoothing import (
     is_smoothing_round,
@@ -196,9 +196,10 @@ class FedCEO(PrivacyAwareFedAvg):
     Other parameters: see PrivacyAwareFedAvg.
     """
 
-    def __init__(self, params: FedCEOConfig | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("dp_mode", keys.DP_UPDATE)
-        super().__init__(**kwargs)
+    default_dp_mode = keys.DP_UPDATE
+
+    def __init__(self, params: FedCEOConfig | None = None, **options: Unpack[StrategyOptions]) -> None:
+        super().__init__(**options)
         self.params = params if params is not None else FedCEOConfig()
         self._smoothed: dict[int, list[np.ndarray]] = {}  # node id -> ŵ_k(t)
         self._smoothed_round = -1  # the t of the stored ŵ_k(t)

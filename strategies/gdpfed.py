@@ -48,7 +48,7 @@ import secrets
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -58,7 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from privacy.accountants import Step
 from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
 from protocol import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.secure_sum import SumResult
 from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
 from protocol.config import kebab, numbers, one_of
@@ -302,12 +302,13 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
 
     variant = Variant("gdpfed")
 
-    def __init__(self, params: GDPFedConfig | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("dp_mode", keys.DP_UPDATE)
-        if kwargs["dp_mode"] != keys.DP_UPDATE:
+    default_dp_mode = keys.DP_UPDATE
+
+    def __init__(self, params: GDPFedConfig | None = None, **options: Unpack[StrategyOptions]) -> None:
+        if options.get("dp_mode", keys.DP_UPDATE) not in (None, keys.DP_UPDATE):
             raise ValueError(f"'dp-mode' must be 'update' (or auto) for {self.variant.name}; "
-                             f"found {kwargs['dp_mode']!r}")
-        super().__init__(**kwargs)
+                             f"found {options.get('dp_mode')!r}")
+        super().__init__(**options)
         secure = self.secure_aggregation is not None
         self.aggregation = SECURE_AGGREGATION_NAME if secure else AGGREGATION
         self.guarantee_note = SECURE_TRUST_NOTE if secure else TRUST_NOTE

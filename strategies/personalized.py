@@ -38,6 +38,8 @@ purely local learning, and the client warns).
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import logging
 import math
 from collections.abc import Iterable
@@ -47,7 +49,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from protocol import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, seeded_sample
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions, seeded_sample
 from strategies.layers import weighted_mean
 from tasks.models import head_parameter_names
 from tasks.partition import training_size
@@ -76,11 +78,12 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
 
     scheme: str = ""
 
-    def __init__(self, *, fraction_evaluate: float = 1.0, **kwargs) -> None:  # noqa: ANN003
-        kwargs.setdefault("dp_mode", keys.DP_UPDATE)
+    default_dp_mode = keys.DP_UPDATE
+
+    def __init__(self, *, fraction_evaluate: float = 1.0, **options: Unpack[StrategyOptions]) -> None:
         if isinstance(fraction_evaluate, bool) or not 0.0 < fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate must be in (0, 1]; found {fraction_evaluate!r}")
-        super().__init__(**kwargs)
+        super().__init__(**options)
         self.fraction_evaluate = float(fraction_evaluate)
 
     # ------------------------------------------------------------------ train
@@ -131,7 +134,7 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Example-weighted mean of the personalized accuracies and losses.
 
-        Written into this round's ``round_log`` entry (``personalized_accuracy``,
+        Recorded as this round's ``RoundResult.evaluation`` (``personalized_accuracy``,
         ``personalized_loss``, ``personalized_clients``, ``personalized_examples``) before
         the server's central evaluation copies the entry into the results line.
         """
@@ -162,8 +165,9 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
             "personalized_clients": len(weight),
             "personalized_examples": int(w.sum()),
         }
-        if self.round_log and self.round_log[-1]["round"] == server_round:
-            self.round_log[-1].update(result)
+        entry = self.round_result(server_round)
+        if entry is not None:
+            entry.evaluation = dict(result)
         log.info("round %d: personalized accuracy %.4f over %d clients", server_round,
                  result["personalized_accuracy"], len(weight))
         return MetricRecord({k.replace("_", "-"): v for k, v in result.items()})
@@ -194,12 +198,13 @@ class PPSGD(PersonalizedFedAvg):
 
     scheme = keys.PERSONALIZATION_ADDITIVE
 
-    def __init__(self, *, personal_lr_scale: float = 1.0, **kwargs) -> None:  # noqa: ANN003
+    def __init__(self, *, personal_lr_scale: float = 1.0, fraction_evaluate: float = 1.0,
+                 **options: Unpack[StrategyOptions]) -> None:
         if isinstance(personal_lr_scale, bool) or not (
             math.isfinite(personal_lr_scale) and personal_lr_scale > 0
         ):
             raise ValueError(f"personal_lr_scale must be a finite number > 0; found {personal_lr_scale!r}")
-        super().__init__(**kwargs)
+        super().__init__(fraction_evaluate=fraction_evaluate, **options)
         self.personal_lr_scale = float(personal_lr_scale)
 
     def personal_config(self) -> dict[str, float | int | str]:
@@ -231,10 +236,11 @@ class CENTAUR(PersonalizedFedAvg):
 
     scheme = keys.PERSONALIZATION_HEAD
 
-    def __init__(self, *, head_epochs: int = 1, **kwargs) -> None:  # noqa: ANN003
+    def __init__(self, *, head_epochs: int = 1, fraction_evaluate: float = 1.0,
+                 **options: Unpack[StrategyOptions]) -> None:
         if isinstance(head_epochs, bool) or not isinstance(head_epochs, int) or head_epochs < 1:
             raise ValueError(f"head_epochs must be an int >= 1; found {head_epochs!r}")
-        super().__init__(**kwargs)
+        super().__init__(fraction_evaluate=fraction_evaluate, **options)
         self.head_epochs = head_epochs
         self._round_global: list[np.ndarray] = []
 

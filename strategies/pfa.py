@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Final, Iterable
+from typing import Any, Final, Iterable, Unpack
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from protocol import keys
 from protocol.config import kebab, one_of
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.layers import weighted_mean
 from strategies.pfa_projection import NO_PUBLIC_POLICIES, pfa_aggregate, pfa_plus_aggregate
 from strategies.pfa_split import SPLIT_METHODS, split_public_private
@@ -154,8 +154,8 @@ class PFA(EpsilonWeighted):
     Other parameters: see PrivacyAwareFedAvg.
     """
 
-    def __init__(self, params: PFAConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, params: PFAConfig | None = None, **options: Unpack[StrategyOptions]) -> None:
+        super().__init__(**options)
         self.params = params if params is not None else PFAConfig()
         self._global: list[np.ndarray] = []  # w_global of the current round
         self._public: frozenset[int] = frozenset()
@@ -269,8 +269,8 @@ class PFAPlus(PFA):
     Parameters: see PFA.
     """
 
-    def __init__(self, params: PFAConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(params, **kwargs)
+    def __init__(self, params: PFAConfig | None = None, **options: Unpack[StrategyOptions]) -> None:
+        super().__init__(params, **options)
         self._sent: dict[int, list[LayerSubspace]] = {}  # round -> subspace sent down
 
     def uses_coordinates(self, server_round: int, account: ClientAccount) -> bool:

@@ -13,7 +13,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from client.personalization import dpsgd_workload, train_personalized
 from client.training import LocalTrainingConfig, poisson_batches, train_dpsgd
@@ -21,6 +21,7 @@ from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.randomness import OSEntropyNoise
 from protocol import keys
+from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset
 from tasks.models import build_model, get_weights
 
@@ -61,8 +62,8 @@ def test_poisson_batches_include_each_example_with_rate_q():
 def test_centaur_with_a_one_layer_model_counts_its_steps_once():
     """logreg is all head: CENTAUR trains only the head, and charges and reports those steps once."""
     model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
-    config = ConfigRecord({keys.PERSONALIZATION: "head", keys.DP_MODE: keys.DP_SGD, keys.LOCAL_EPOCHS: 1,
-                           keys.HEAD_EPOCHS: 1})
+    config = TrainConfig(num_rounds=1, dp_mode=keys.DP_SGD, local_epochs=1, batch_size=8, learning_rate=0.1,
+                         personalization="head", head_epochs=1)
     data = _data(40)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={"seed": 3})
     cfg = LocalTrainingConfig(epochs=1, batch_size=8, learning_rate=0.1, momentum=0.0, seed=1)

@@ -114,7 +114,7 @@ def test_smoothing_round_global_is_the_svt_of_the_average_and_clients_get_their_
     for n in NODES:
         _close(sent1[n], g0, tol=0)
     _close(g1, [np.mean([up1[n][i] for n in NODES], axis=0, dtype=np.float64) for i in range(len(SHAPES))])
-    assert strategy.round_log[-1][DIAG_SMOOTHED] == 0.0
+    assert strategy.round_log[-1].diagnostics[DIAG_SMOOTHED] == 0.0
 
     # Round 2 smooths the three replies (node 103 drops): thr = 1.5^(2/2) / (2 · 0.5).
     up2 = _uploads(rng, NODES[:3])
@@ -125,7 +125,7 @@ def test_smoothing_round_global_is_the_svt_of_the_average_and_clients_get_their_
     _close(g2, [np.mean([m[i] for m in oracle_smooth(models, thr)], axis=0) for i in range(len(SHAPES))])
     plain = [np.mean([m[i] for m in models], axis=0, dtype=np.float64) for i in range(len(SHAPES))]
     assert max(np.abs(a - b).max() for a, b in zip(g2, plain)) > 1e-2, "the threshold must bite"
-    entry = strategy.round_log[-1]
+    entry = strategy.round_log[-1].diagnostics
     assert entry[DIAG_SMOOTHED] == 1.0 and entry[DIAG_CLIENTS] == 3.0
     assert entry[DIAG_THRESHOLD] == pytest.approx(thr)
 
@@ -165,7 +165,7 @@ def test_threshold_is_constant_for_theta_one_and_geometric_otherwise(theta):
     g = [np.zeros(s, np.float32) for s in SHAPES]
     for t in range(1, 7):
         _, g = _round(strategy, t, g, _uploads(rng, NODES))
-    thresholds = [e[DIAG_THRESHOLD] for e in strategy.round_log]
+    thresholds = [e.diagnostics[DIAG_THRESHOLD] for e in strategy.round_log]
     assert [math.isnan(x) for x in thresholds] == [True, False] * 3
     expected = [theta ** (t / interval) / (2 * lam) for t in (2, 4, 6)]
     assert thresholds[1::2] == pytest.approx(expected)
@@ -202,8 +202,8 @@ def test_fewer_than_two_usable_replies_fall_back_to_averaging(caplog):
     assert "needs >= 2 usable client models, got 1; averaging instead" in caplog.text
     _close(g1, up[102], tol=0)
     entry = strategy.round_log[-1]
-    assert entry["accepted"] == ["102"] and len(entry["rejected"]) == 2
-    assert entry[DIAG_SMOOTHED] == 0.0 and math.isnan(entry[DIAG_THRESHOLD])
+    assert entry.accepted == ["102"] and len(entry.rejected) == 2
+    assert entry.diagnostics[DIAG_SMOOTHED] == 0.0 and math.isnan(entry.diagnostics[DIAG_THRESHOLD])
     sent2, _ = _round(strategy, 2, g1, _uploads(rng, NODES))
     for n in NODES:
         _close(sent2[n], g1, tol=0)

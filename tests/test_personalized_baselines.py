@@ -30,6 +30,7 @@ from server.config import RunConfig
 from privet.inprocess import InProcessGrid, simulation_node_configs
 from server.registry import build_strategy
 from protocol import keys
+from protocol.train_config import TrainConfig
 from strategies.personalized import CENTAUR, PPSGD
 from tasks.models import head_parameter_names
 from tasks.datasets import ArrayDataset
@@ -118,8 +119,10 @@ def _context():
 
 
 def _config(scheme, **extra):
-    return ConfigRecord({keys.PERSONALIZATION: scheme, keys.DP_MODE: keys.DP_UPDATE, keys.NOISE_SHARES: 1,
-                         **extra})
+    """A decoded train config, as the client reads it (protocol.train_config)."""
+    return TrainConfig.decode({keys.NUM_ROUNDS: 1, keys.LOCAL_EPOCHS: 2, keys.BATCH_SIZE: 16,
+                               keys.LEARNING_RATE: 0.5, keys.PERSONALIZATION: scheme, keys.DP_MODE: keys.DP_UPDATE,
+                               keys.NOISE_SHARES: 1, **extra})
 
 
 LOCAL = LocalTrainingConfig(epochs=2, batch_size=16, learning_rate=0.5, momentum=0.0, seed=5)
@@ -177,7 +180,7 @@ def test_personal_state_carries_over_rounds_and_drives_evaluation():
     np.testing.assert_array_equal(v_fresh[0], v1[0])  # deterministic given the same start
     assert not np.array_equal(v2[0], v1[0])
     # evaluation: the personal model u + v_k on the 20% held out
-    content = RecordDict({keys.CONFIG: _config("additive")})
+    content = RecordDict({keys.CONFIG: _config("additive").encode()})
     evaluated, test = personalize_for_evaluation(content, ctx, _model(), data, 0)
     assert len(test) == 12
     for w, g, v in zip(get_weights(evaluated), global_w, v2):
@@ -203,10 +206,10 @@ def test_the_head_rule_and_bad_values():
         PPSGD(personal_lr_scale=-1.0)
     assert head_parameter_names(["conv1.weight", "fc3.weight", "fc3.bias"]) == ["fc3.weight", "fc3.bias"]
     assert head_parameter_names(["fc1.weight", "fc2.weight"]) == ["fc2.weight"]
-    with pytest.raises(ValueError, match="dp-mode"):
-        train_personalized(_model(), _shard(), LOCAL, ConfigRecord({keys.PERSONALIZATION: "head",
-                                                                     keys.DP_MODE: "sample"}),
-                           _context(), clip=1.0, noise_multiplier=1.0, partition_id=0, noise=SeededNoise(0))
+    with pytest.raises(ValueError, match="'dp-mode' must be one of"):  # refused when the client decodes it
+        _config("head", **{keys.DP_MODE: "sample"})
+    with pytest.raises(ValueError, match="'head-epochs' must be an integer >= 1"):
+        _config("head", **{keys.HEAD_EPOCHS: 0})
 
 
 # -------------------------------------------------------------- dp-mode = "dpsgd"
@@ -240,7 +243,7 @@ def test_dpsgd_round_charges_the_dpsgd_steps_and_keeps_the_head_local(scheme):
     n_train, passes = dpsgd_workload(config, len(data))
     assert n_train == training_size(len(data)) == 48
     assert passes == LOCAL.epochs + (1 if scheme == "head" else 0)
-    assert dpsgd_workload(ConfigRecord({keys.LOCAL_EPOCHS: 3}), 60) == (60, 3)  # no personalization
+    assert dpsgd_workload(_config("", **{keys.LOCAL_EPOCHS: 3}), 60) == (60, 3)  # no personalization
     # every step is Opacus DP-SGD at σ on the 80 % split: q = 1/⌈n/B⌉, ⌈n/B⌉ steps a pass
     assert {(s, q) for s, q, _ in steps} == {(1.3, dpsgd_sample_rate(n_train, LOCAL.batch_size))}
     assert sum(c for _, _, c in steps) == dpsgd_steps_per_round(n_train, LOCAL.batch_size, passes)

@@ -138,14 +138,14 @@ def test_pfa_matches_an_independent_projection_with_a_global_public_set():
     assert strategy.public_nodes() == PUBLIC
     for a, b in zip(got, _pfa_numpy(g, trained, BUDGETS, PUBLIC)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert strategy.round_log[-1]["pfa-num-public"] == 3.0
+    assert strategy.round_log[-1].diagnostics["pfa-num-public"] == 3.0
 
     # Round 2: public client 107 (eps 9.5) drops. The split stays the one over all ten
     # registered clients: eps = 0.5 is still private (a per-round top 30% of the nine
     # replies would make it public).
     trained = _trained(rng, got, [n for n in BUDGETS if n != 107])
     _, got2 = _round(strategy, 2, got, BUDGETS, trained)
-    assert strategy.round_log[-1]["pfa-num-public"] == 2.0
+    assert strategy.round_log[-1].diagnostics["pfa-num-public"] == 2.0
     for a, b in zip(got2, _pfa_numpy(got, trained, BUDGETS, PUBLIC)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -156,7 +156,7 @@ def test_a_round_without_public_replies_follows_the_no_public_policy():
     trained = _trained(rng, g, [n for n in BUDGETS if n not in PUBLIC])
     strategy = PFA(PFAConfig(public_fraction=0.3), min_train_nodes=1, min_available_nodes=1)
     _, got = _round(strategy, 1, g, BUDGETS, trained)
-    assert strategy.round_log[-1]["pfa-fallback-weiavg"] == 1.0
+    assert strategy.round_log[-1].diagnostics["pfa-fallback-weiavg"] == 1.0
     total = sum(BUDGETS[n] for n in trained)
     for j in range(len(SHAPES)):
         expected = sum(BUDGETS[n] * trained[n][j].astype(np.float64) for n in trained) / total
@@ -205,8 +205,8 @@ def test_pfa_plus_equals_pfa_on_the_same_subspace():
     messages, got = _round(plus, 2, g, BUDGETS, trained, encode=True)
     assert sum(keys.PFA_BASIS_RECORD in m.content.array_records for m in messages) == 7
     log = plus.round_log[-1]
-    assert log["pfa-coordinate-uploads"] == 7.0
-    assert log["bytes_up"] == 3 * sum(4 * int(np.prod(s)) for s in SHAPES) + 7 * 3 * 4
+    assert log.diagnostics["pfa-coordinate-uploads"] == 7.0
+    assert log.bytes_up == 3 * sum(4 * int(np.prod(s)) for s in SHAPES) + 7 * 3 * 4
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

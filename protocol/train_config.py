@@ -1,0 +1,144 @@
+"""The train config: what a sampled client is told about its round, typed on both sides.
+
+The server builds a :class:`TrainConfig` and sends :meth:`TrainConfig.encode` (a Flower
+``ConfigRecord``, flat, kebab-case keys of :mod:`protocol.keys`); strategies add their
+per-node keys to that record (GDPFed's group mechanism, PFA+'s upload format, a target ε).
+The client calls :meth:`TrainConfig.decode` once and reads typed fields from then on: a
+missing, mistyped or out-of-range value is a ``ValueError`` naming the key, which the client
+answers with a config error before it spends anything.
+
+DP-FedC's clustering rounds carry their own section (:mod:`protocol.dpfedc`) beside this one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from flwr.app import ConfigRecord
+
+from privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from protocol import keys
+from protocol.config import decode_fields, one_of
+
+#: ``upload-format`` values: the full model, or PFA+'s coordinates in the public subspace.
+UPLOAD_FULL = "full"
+UPLOAD_FORMATS = (UPLOAD_FULL, keys.UPLOAD_COORDINATES)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One round's instructions to a client (every field is one key of :mod:`protocol.keys`).
+
+    Attributes
+    ----------
+    num_rounds : int
+        T, the rounds the run plans (a client calibrates σ for all of them).
+    dp_mode : str
+        One of ``keys.DP_MODES`` (:mod:`privacy.dp_modes`).
+    local_epochs, batch_size : int
+        Local work: passes over the shard, and the (expected) batch size.
+    learning_rate, momentum : float
+        Local SGD.
+    clip : float
+        C: per-example (``dpsgd``) or per-update (``update``) clipping bound.
+    noise_multiplier : float
+        σ; 0 asks the client to calibrate σ to its own budget.
+    noise_shares : int
+        m: each of m clients adds N(0, σ²C²/m) (``update`` mode).
+    target_epsilon : float
+        Spend at most this much ε in this run (0: all that remains).
+    grad_sample_mode, accountant : str
+        Opacus' per-sample-gradient mode; the accountant of the client's ledger.
+    seed, server_round : int
+        The run's root seed (non-DP randomness only) and the round (0: not sent).
+    budget_reference : str
+        Simulation only: ``"minimum"``/``"maximum"`` (``keys.BUDGET_REFERENCE``), else "".
+    personalization : str
+        "" or one of ``keys.PERSONALIZATION_SCHEMES``; ``head_epochs`` and
+        ``personal_lr_scale`` are CENTAUR's and PPSGD's parameters.
+    group_sample_rate : float
+        GDPFed's q_m; > 0 marks a group round (``group_index`` is its 1-based m).
+    upload_format : str
+        ``"full"`` or PFA+'s ``"coordinates"``.
+    """
+
+    num_rounds: int
+    dp_mode: str
+    local_epochs: int
+    batch_size: int
+    learning_rate: float
+    clip: float = 1.0
+    noise_multiplier: float = 0.0
+    noise_shares: int = 1
+    momentum: float = 0.0
+    target_epsilon: float = 0.0
+    grad_sample_mode: str = "auto"
+    accountant: str = DEFAULT_ACCOUNTANT
+    seed: int = 0
+    server_round: int = 0
+    budget_reference: str = ""
+    personalization: str = ""
+    head_epochs: int = 1
+    personal_lr_scale: float = 1.0
+    group_sample_rate: float = 0.0
+    group_index: int = 0
+    upload_format: str = UPLOAD_FULL
+
+    def __post_init__(self) -> None:
+        one_of(keys.DP_MODE, self.dp_mode, keys.DP_MODES)
+        one_of(keys.ACCOUNTANT, self.accountant, tuple(ACCOUNTANTS))
+        one_of(keys.BUDGET_REFERENCE, self.budget_reference, ("", *keys.BUDGET_REFERENCES))
+        one_of(keys.PERSONALIZATION, self.personalization, ("", *keys.PERSONALIZATION_SCHEMES))
+        one_of(keys.UPLOAD_FORMAT, self.upload_format, UPLOAD_FORMATS)
+        for name, low in (("num_rounds", 1), ("local_epochs", 1), ("batch_size", 1), ("noise_shares", 1),
+                          ("head_epochs", 1), ("server_round", 0), ("group_index", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"'{_key(name)}' must be an integer >= {low}; found {getattr(self, name)}")
+        for name in ("learning_rate", "clip"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"'{_key(name)}' must be a finite number > 0; found {getattr(self, name)}")
+        for name in ("noise_multiplier", "target_epsilon", "personal_lr_scale"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"'{_key(name)}' must be a finite number >= 0; found {getattr(self, name)}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"'{keys.MOMENTUM}' must be in [0, 1); found {self.momentum}")
+        if not 0 <= self.group_sample_rate <= 1:
+            raise ValueError(f"'{keys.GROUP_SAMPLE_RATE}' must be in (0, 1] (0: not a group round); "
+                             f"found {self.group_sample_rate}")
+
+    @property
+    def group_round(self) -> bool:
+        """A GDPFed round: the client charges its group's mechanism (σ_m, q_m, T)."""
+        return self.group_sample_rate > 0
+
+    def encode(self) -> ConfigRecord:
+        """The ``ConfigRecord`` a train message carries (a method's optional fields only when set)."""
+        record: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in _OPTIONAL or value != f.default:
+                record[_key(f.name)] = value
+        return ConfigRecord(record)
+
+    @classmethod
+    def decode(cls, record: Mapping[str, Any]) -> TrainConfig:
+        """Read a train config; ``ValueError`` naming the key if one is missing or malformed.
+
+        Keys this class does not know (another section's, e.g. DP-FedC's) are ignored.
+        """
+        return decode_fields(cls, record, _key, _REQUIRED)
+
+
+#: field name -> wire key, where they differ from the kebab-case spelling
+_KEYS = {"group_sample_rate": keys.GROUP_SAMPLE_RATE, "group_index": keys.GROUP_INDEX}
+_REQUIRED = ("num_rounds", "dp_mode", "local_epochs", "batch_size", "learning_rate")
+#: sent only when set: the sections of one method (personalization, GDPFed, PFA+, references)
+_OPTIONAL = ("target_epsilon", "server_round", "budget_reference", "personalization", "head_epochs",
+             "personal_lr_scale", "group_sample_rate", "group_index", "upload_format")
+
+
+def _key(name: str) -> str:
+    return _KEYS.get(name, name.replace("_", "-"))
+
