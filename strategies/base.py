@@ -496,7 +496,14 @@ class PrivacyAwareFedAvg(FedAvg):
         # positions in client-id order: the same seed samples the same clients whatever node ids
         # the backend gave them (the in-process backend, Ray simulation and a deployment differ)
         return seeded_sample(eligible, size, [self.seed, server_round] + ([attempt] if attempt else []),
-                             order=lambda n: (len(self.accounts[n].client_id), self.accounts[n].client_id))
+                             order=self.client_order)
+
+    def client_order(self, node: int) -> tuple[int, str]:
+        """Sort key of a registered node by its client id (numeric ids in numeric order): samples
+        drawn over positions in this order are the same clients whatever node ids the backend
+        gave them (the in-process backend, Ray simulation and a deployment differ)."""
+        client_id = self.accounts[node].client_id
+        return len(client_id), client_id
 
     # -------------------------------------------------------- configure_train
     def configure_train(

@@ -121,7 +121,7 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
         if not registered:
             return []
         size = max(1, int(math.ceil(self.fraction_evaluate * len(registered))))
-        chosen = seeded_sample(registered, size, [self.seed, server_round, 1])
+        chosen = seeded_sample(registered, size, [self.seed, server_round, 1], order=self.client_order)
         cfg = ConfigRecord(dict(config))
         cfg.update(self.personal_config())
         cfg[keys.SERVER_ROUND] = server_round

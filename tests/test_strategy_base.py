@@ -95,13 +95,34 @@ def test_the_same_seed_samples_the_same_clients_whatever_their_node_ids():
     assert len({tuple(p) for p in picked[0]}) > 1, "rounds draw different clients"
 
 
-def _renamed(send, names):  # noqa: ANN001
+def test_personalized_evaluation_asks_the_same_clients_whatever_their_node_ids():
+    """PPSGD's evaluation sample follows client ids too, like the training sample."""
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from strategies.personalized import PPSGD
+    from tests.fakes import BudgetGrid
+
+    asked = []
+    for node_ids in (list(range(100, 140)), [2**63 + 7919 * k for k in range(40, 0, -1)]):
+        grid = BudgetGrid({n: 5.0 for n in node_ids})
+        names = {n: str(i) for i, n in enumerate(node_ids)}
+        grid.send_and_receive = _renamed(grid.send_and_receive, names, evaluation=True)
+        strategy = PPSGD(fraction_evaluate=0.25, min_train_nodes=1, seed=3)
+        strategy.handshake(grid, node_ids)
+        asked.append([sorted(names[m.metadata.dst_node_id] for m in
+                             strategy.configure_evaluate(r, ArrayRecord(), ConfigRecord(), grid)) for r in (1, 2, 3)])
+    assert asked[0] == asked[1] and all(len(a) == 10 for a in asked[0])
+    assert len({tuple(a) for a in asked[0]}) > 1, "rounds ask different clients"
+
+
+def _renamed(send, names, evaluation=False):  # noqa: ANN001
     from flwr.app import ConfigRecord, Message, RecordDict
 
     def wrapped(messages, *, timeout=None):  # noqa: ANN001
         out = []
         for reply in send(messages, timeout=timeout):
-            meta = ConfigRecord({keys.CLIENT_ID: names[reply.metadata.src_node_id]})
+            meta = ConfigRecord({keys.CLIENT_ID: names[reply.metadata.src_node_id],
+                                 **({keys.CLIENT_EVALUATION: "on"} if evaluation else {})})
             out.append(Message(RecordDict({keys.METRICS: reply.content[keys.METRICS], keys.META: meta}),
                                reply_to=next(m for m in messages
                                              if m.metadata.dst_node_id == reply.metadata.src_node_id)))
