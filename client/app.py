@@ -46,7 +46,7 @@ from client import group_dp
 from client.allocator import tune_malloc
 from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledger
 from client.profile import ClientProfile, resolve_profile
-from client.replies import error_reply, privacy_metrics, reply_meta, stale_reason
+from client.replies import error_reply, reply_meta, stale_reason, train_report
 from client.round_plan import RoundPlan, client_seed, noise_for, plan_round
 from client.secure_sum import secure_sum_mod, secure_survivors
 from client.shard_cache import cached_shard, shard_key
@@ -65,6 +65,7 @@ from privacy.policy import is_spent
 from privacy.randomness import NoiseSource
 from protocol import keys
 from protocol.budget_query import BudgetQuery
+from protocol.replies import BudgetDeclaration, EvaluationReport
 from protocol.train_config import TrainConfig
 from protocol.errors import ERROR_BUDGET, ERROR_BUSY, ERROR_CONFIG, ERROR_REFUSED, ERROR_STALE
 from protocol.log import route_privet_logs_to_flower
@@ -174,17 +175,11 @@ def query_budget(msg: Message, context: Context) -> Message:
     except (ValueError, FileNotFoundError) as exc:
         log.error("budget handshake refused (node %s): %s", context.node_config.get(keys.NODE_CLIENT_ID, context.node_id), exc)
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
-    metrics = MetricRecord(
-        {
-            keys.EPSILON_BUDGET: float(ledger.epsilon_budget),
-            keys.EPSILON_SPENT: float(ledger.spent()),
-            keys.DELTA: float(ledger.delta),
-            keys.NUM_EXAMPLES: int(num_examples),
-        }
-    )
-    meta = reply_meta(profile, **{keys.GUARANTEE_UNIT: ledger.unit(),
-                             keys.CLIENT_EVALUATION: "on" if profile.allow_evaluation else "off"})
-    return Message(RecordDict({keys.METRICS: metrics, keys.META: meta}), reply_to=msg)
+    declaration = BudgetDeclaration(
+        client_id=profile.client_id, epsilon_budget=float(ledger.epsilon_budget), delta=float(ledger.delta),
+        num_examples=int(num_examples), epsilon_spent=float(ledger.spent()), guarantee_unit=ledger.unit(),
+        noise_source=profile.noise_source, client_evaluation=profile.allow_evaluation)
+    return Message(declaration.encode({keys.BUDGET_SOURCE: profile.budget_source}), reply_to=msg)
 
 
 @app.train()
@@ -307,27 +302,23 @@ def _train_with_ledger(
     store_ledger(ledger, profile, context)
 
     charged_steps = sum(count for _, _, count in steps)
-    metrics: dict[str, int | float | list[int] | list[float]] = {
-        keys.NUM_EXAMPLES: int(train_metrics.get(keys.NUM_EXAMPLES, len(data))),
-        **privacy_metrics(ledger, before),
-        keys.NOISE_MULTIPLIER: float(plan.noise_multiplier),
-        keys.SAMPLE_RATE: float(plan.sample_rate),
-        keys.CLIP: clip,
-        keys.LOCAL_STEPS: float(group.rounds if group is not None else charged_steps),
-    }
+    uncovered: dict[str, float] = {}
     if profile.report_train_metrics:  # data-dependent, outside the guarantee: the operator opted in
-        metrics.update({k: float(v) for k, v in train_metrics.items() if k not in metrics})
-        metrics[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
+        uncovered = {k: float(v) for k, v in train_metrics.items() if k != keys.NUM_EXAMPLES}
+        uncovered[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
+    report = train_report(ledger, before, num_examples=int(train_metrics.get(keys.NUM_EXAMPLES, len(data))),
+                          noise_multiplier=plan.noise_multiplier, sample_rate=plan.sample_rate,
+                          local_steps=group.rounds if group is not None else charged_steps, clip=clip,
+                          extra=uncovered)
     log.info(
         "client %s round %d mode=%s sigma=%.3f eps_spent=%.4f/%g",
-        profile.client_id, server_round, mode, plan.noise_multiplier,
-        metrics[keys.EPSILON_SPENT], ledger.epsilon_budget,
+        profile.client_id, server_round, mode, plan.noise_multiplier, report.epsilon_spent, ledger.epsilon_budget,
     )
     meta = reply_meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
                              keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off",
                              keys.SECURE_SURVIVORS: str(secure or 0)})
     return Message(
-        RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
+        RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(report.metrics()), keys.META: meta}),
         reply_to=msg,
     )
 
@@ -360,7 +351,5 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     loss, accuracy = evaluate(model, data)
-    metrics = MetricRecord(
-        {keys.EVAL_LOSS: float(loss), keys.EVAL_ACCURACY: float(accuracy), keys.NUM_EXAMPLES: int(len(data))}
-    )
-    return Message(RecordDict({keys.METRICS: metrics}), reply_to=msg)
+    report = EvaluationReport(accuracy=float(accuracy), loss=float(loss), num_examples=int(len(data)))
+    return Message(RecordDict({keys.METRICS: report.metrics()}), reply_to=msg)

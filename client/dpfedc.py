@@ -38,7 +38,7 @@ from privacy.centroid_noise import (
     privatize_centroids,
 )
 from privacy.randomness import NoiseSource
-from client.replies import error_reply, privacy_metrics, reply_meta, stale_reason
+from client.replies import error_reply, reply_meta, stale_reason, train_report
 from client.round_plan import client_seed, noise_for, plan_round
 from protocol import keys
 from protocol.dpfedc import DPFedCRound
@@ -229,20 +229,16 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, tra
         return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
     store_ledger(ledger, profile, context)
     store_memberships(context, path, result.memberships)  # H_i stays here, never in the reply
-    metrics: dict[str, int | float | list[int] | list[float]] = {
-        keys.NUM_EXAMPLES: int(n),
-        **privacy_metrics(ledger, before),
-        keys.NOISE_MULTIPLIER: float(charged),
-        keys.SAMPLE_RATE: 1.0,
-        keys.CLIP: grad_clip if calibration == "paper" and mode != keys.DP_NONE else clip,  # never η
-        keys.LOCAL_STEPS: 1.0,
-    }
+    uncovered: dict[str, float] = {}
     if profile.report_train_metrics:  # data-dependent, outside the guarantee
-        metrics[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
+        uncovered[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
         if result.release:
-            metrics[keys.UPDATE_NORM] = result.release.update_norm
+            uncovered[keys.UPDATE_NORM] = float(result.release.update_norm)
+    report = train_report(ledger, before, num_examples=int(n), noise_multiplier=charged, sample_rate=1.0,
+                          local_steps=1, extra=uncovered,
+                          clip=grad_clip if calibration == "paper" and mode != keys.DP_NONE else clip)  # never η
     meta = reply_meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
                              keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
     arrays = ArrayRecord({"centroids": Array(np.asarray(result.upload, np.float64))})
-    return Message(RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(metrics), keys.META: meta}),
+    return Message(RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(report.metrics()), keys.META: meta}),
                    reply_to=msg)

@@ -1,4 +1,4 @@
-"""The parts every privet train reply shares: refusals, staleness, metadata, privacy metrics.
+"""The parts every privet train reply shares: refusals, staleness, metadata, the train report.
 
 A handler never raises: it answers :func:`error_reply` with a code from
 :mod:`protocol.errors` and a reason that starts with a :mod:`protocol.keys` keyword.
@@ -15,6 +15,7 @@ from flwr.app import ConfigRecord, Error, Message
 from client.profile import ClientProfile
 from privacy.ledger import PrivacyLedger
 from protocol import keys
+from protocol.replies import TrainReport
 
 log = logging.getLogger("privet.client")
 
@@ -47,12 +48,17 @@ def reply_meta(profile: ClientProfile, **extra: str) -> ConfigRecord:
                          keys.NOISE_SOURCE: profile.noise_source, **extra})
 
 
-def privacy_metrics(ledger: PrivacyLedger, before: float) -> dict[str, float]:
-    """Budget, ε spent, ε of this round (spent minus ``before``) and δ, as reply metrics."""
+def train_report(ledger: PrivacyLedger, before: float, *, num_examples: int, noise_multiplier: float,
+                 sample_rate: float, local_steps: int, clip: float,
+                 extra: dict[str, float] | None = None) -> TrainReport:
+    """The round's covered figures, as a :class:`~protocol.replies.TrainReport`.
+
+    The ledger's budget, δ and ε spent (and this round's ε, spent minus ``before``), with the
+    mechanism run; ``extra``: uncovered metrics the operator opted into (``report-train-metrics``).
+    """
     spent = ledger.spent()
-    return {
-        keys.EPSILON_BUDGET: float(ledger.epsilon_budget),
-        keys.EPSILON_SPENT: float(spent),
-        keys.EPSILON_ROUND: float(spent - before) if math.isfinite(spent) else math.inf,
-        keys.DELTA: float(ledger.delta),
-    }
+    return TrainReport(num_examples=int(num_examples), epsilon_budget=float(ledger.epsilon_budget),
+                       delta=float(ledger.delta), epsilon_spent=float(spent), noise_multiplier=float(noise_multiplier),
+                       sample_rate=float(sample_rate), local_steps=int(local_steps),
+                       epsilon_round=float(spent - before) if math.isfinite(spent) else math.inf, clip=float(clip),
+                       extra=dict(extra or {}))

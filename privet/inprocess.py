@@ -56,7 +56,7 @@ class InProcessGrid(Grid):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.app = client_app
         self.reply_hook = reply_hook
-        self._run = None
+        self._run: int | None = None
         self.contexts: dict[int, Context] = {
             FIRST_NODE_ID + i: Context(
                 run_id=run_id,
@@ -70,7 +70,7 @@ class InProcessGrid(Grid):
         self.offline: set[int] = set()
         self.messages_sent = 0
 
-    def set_run(self, run_id: int) -> None:  # noqa: D102 - Grid API
+    def set_run(self, run_id: int) -> None:  # type: ignore[override]  # noqa: D102 - Grid API: an id is all we keep
         self._run = run_id
 
     @property
@@ -105,8 +105,8 @@ class InProcessGrid(Grid):
             if node in self.offline:
                 continue
             self.messages_sent += 1
-            reply = self._call(msg)
-            if self.reply_hook is not None:
+            reply: Message | None = self._call(msg)
+            if self.reply_hook is not None and reply is not None:
                 reply = self.reply_hook(node, msg, reply)
             if reply is not None:
                 replies.append(reply)

@@ -113,7 +113,8 @@ class RunConfig(BaseModel):
     @field_validator(*CHOICES)
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        return one_of(kebab(info.field_name), v, CHOICES[info.field_name])
+        name = str(info.field_name)
+        return one_of(kebab(name), v, CHOICES[name])
 
     @field_validator("budget_groups", mode="before")
     @classmethod

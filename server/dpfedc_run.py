@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 
 from server.registry import build_strategy, train_config
 from server.results import ResultsWriter
-from strategies.dpfedc import evaluate_centroids
+from strategies.dpfedc import DPFedC, evaluate_centroids
 from tasks.clustering import initial_point, load_clustering_data
 
 log = logging.getLogger("privet.strategy")
@@ -34,6 +34,7 @@ def run_dpfedc(grid, cfg, run_id: int, out) -> dict:
     x_eval, y_eval = data.x[pick].T, data.y[pick]
     writer = ResultsWriter(out, cfg)
     strategy = build_strategy(cfg)
+    assert isinstance(strategy, DPFedC)
     w0 = initial_point(x_eval.shape[0], d.k, cfg.seed)
     started = time.perf_counter()
 

@@ -151,7 +151,7 @@ def build_summary(
             "guarantee_unit": a.guarantee_unit,
             "noise_source": a.noise_source,
             "guarantee": _guarantee(mode, a, cfg.noise_shares, secure_floor)
-            + (f"; {strategy.guarantee_note}" if getattr(strategy, "guarantee_note", "") else ""),  # GDPFed
+            + (f"; {strategy.guarantee_note}" if strategy.guarantee_note else ""),  # GDPFed
             "not_covered": _outside(a),
         })
     personal = [r for r in rounds if r.get("personalized_accuracy") is not None]

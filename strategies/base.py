@@ -50,6 +50,8 @@ from privacy.policy import is_spent
 from privacy.secure_sum import quantisation_for
 from protocol import keys
 from protocol.budget_query import BudgetQuery
+from protocol.replies import BudgetDeclaration, TrainReport
+from protocol.train_config import TrainConfig
 from strategies.secure_sum import (
     SecureAggregation,
     SumResult,
@@ -234,6 +236,8 @@ class PrivacyAwareFedAvg(FedAvg):
     weights_by_epsilon: ClassVar[bool] = False
     #: What its clients run when constructed without ``dp_mode`` (the method's own mode).
     default_dp_mode: ClassVar[str] = keys.DP_SGD
+    #: A sentence the report adds to every client's guarantee (GDPFed: who saw the sums).
+    guarantee_note: str = ""
 
     def __init__(
         self,
@@ -336,17 +340,18 @@ class PrivacyAwareFedAvg(FedAvg):
 
     def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
         """What the server can derive about this client's next train reply (module doc)."""
-        cfg = self.node_config(server_round, account, self._train_config)
         n = self.expected_num_examples(account)
-        fixed = float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
-        sigma = fixed if fixed > 0 else None
         mode = dp_modes.dp_mode(self.dp_mode)
         if not mode.private:
             return ExpectedRelease(n, 0.0, 1.0, 1)
-        if mode.per_record and (cfg.get(keys.PERSONALIZATION, "")  # the workload depends on the scheme
-                                or keys.BATCH_SIZE not in cfg or keys.LOCAL_EPOCHS not in cfg):  # custom config
+        try:
+            cfg = TrainConfig.decode(self.node_config(server_round, account, self._train_config))
+        except ValueError:  # a config no client can run (each refuses it): nothing more to derive
+            return ExpectedRelease(n)
+        sigma = cfg.noise_multiplier if cfg.noise_multiplier > 0 else None
+        if mode.per_record and cfg.personalization:  # the workload depends on the scheme
             return ExpectedRelease(n, sigma)
-        rate, steps = mode.release(n, int(cfg.get(keys.BATCH_SIZE, 1)), int(cfg.get(keys.LOCAL_EPOCHS, 1)))
+        rate, steps = mode.release(n, cfg.batch_size, cfg.local_epochs)
         return ExpectedRelease(n, sigma, rate, steps)
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
@@ -419,26 +424,16 @@ class PrivacyAwareFedAvg(FedAvg):
                     self._refuse(node, f"node-{node}", reply.error.reason or f"error code {reply.error.code}")
                 continue
             try:
-                m = reply.content[keys.METRICS]
-                meta = reply.content[keys.META]
-                num = float(m[keys.NUM_EXAMPLES])
-                if not (math.isfinite(num) and num >= 1 and num == int(num)):
-                    raise ValueError(f"'{keys.NUM_EXAMPLES}' must be a positive integer, got {num!r}")
-                account = ClientAccount(
-                    node_id=node,
-                    client_id=str(meta[keys.CLIENT_ID]),
-                    epsilon_budget=float(m[keys.EPSILON_BUDGET]),
-                    delta=float(m[keys.DELTA]),
-                    num_examples=int(num),
-                    epsilon_spent=float(m[keys.EPSILON_SPENT]),
-                    epsilon_at_start=float(m[keys.EPSILON_SPENT]),
-                    guarantee_unit=str(meta.get(keys.GUARANTEE_UNIT, "record")),
-                    noise_source=str(meta.get(keys.NOISE_SOURCE, "unknown")),
-                    client_evaluation=str(meta.get(keys.CLIENT_EVALUATION, "off")) == "on",
-                )
+                declared = BudgetDeclaration.decode(reply.content)
             except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 self._refuse(node, f"node-{node}", f"malformed budget declaration ({exc})")
                 continue
+            account = ClientAccount(
+                node_id=node, client_id=declared.client_id, epsilon_budget=declared.epsilon_budget,
+                delta=declared.delta, num_examples=declared.num_examples, epsilon_spent=declared.epsilon_spent,
+                epsilon_at_start=declared.epsilon_spent, guarantee_unit=declared.guarantee_unit,
+                noise_source=declared.noise_source, client_evaluation=declared.client_evaluation,
+            )
             if not (account.epsilon_budget > 0 and 0 < account.delta < 1
                     and math.isfinite(account.epsilon_spent) and account.epsilon_spent >= 0):
                 self._refuse(node, account.client_id, f"invalid budget declaration (eps={account.epsilon_budget}, "
@@ -616,18 +611,19 @@ class PrivacyAwareFedAvg(FedAvg):
                 rejected.append({"client": name, "reason": "reply from a node that never did the handshake"})
                 continue
             if reply.has_error():
-                reason = reply.error.reason or f"error code {reply.error.code}"
-                if reason.startswith(keys.BUDGET_EXHAUSTED):
+                refusal = reply.error.reason or f"error code {reply.error.code}"
+                if refusal.startswith(keys.BUDGET_EXHAUSTED):
                     account.exhausted = True
-                account.rejections.append((server_round, reason))
-                rejected.append({"client": name, "reason": reason})
-                log.warning("round %d: client %s replied with an error: %s", server_round, name, reason)
+                account.rejections.append((server_round, refusal))
+                rejected.append({"client": name, "reason": refusal})
+                log.warning("round %d: client %s replied with an error: %s", server_round, name, refusal)
                 continue
-            reason = invalid.get(node) or validate_train_reply(
+            reason: str | None = invalid.get(node) or validate_train_reply(
                 reply.content, self.expected_specs(server_round, account), account.declared(),
                 self.expected_release(server_round, account))
-            metrics = {k: float(v) for k, v in reply.content[keys.METRICS].items() if not isinstance(v, list)}
-            steps = self.server_steps(account, metrics) if reason is None else []
+            report = None if reason else TrainReport.decode(reply.content.metric_records[keys.METRICS])
+            metrics = report.as_dict() if isinstance(report, TrainReport) else {}
+            steps: list[Step] = self.server_steps(account, metrics) if reason is None else []
             reason = reason or self._check_claimed_epsilon(account, metrics, steps)
             if reason:
                 account.rejections.append((server_round, reason))
@@ -643,7 +639,7 @@ class PrivacyAwareFedAvg(FedAvg):
             if is_spent(account.epsilon_spent, account.epsilon_budget):
                 account.exhausted = True
             accepted.append(AcceptedReply(node, account.client_id,
-                                          reply.content[keys.ARRAYS].to_numpy_ndarrays(), metrics,
+                                          reply.content.array_records[keys.ARRAYS].to_numpy_ndarrays(), metrics,
                                           {k: str(v) for k, v in meta.items()}))
         dropped = sorted(sampled - replied)
         for node in dropped:
@@ -712,10 +708,8 @@ class PrivacyAwareFedAvg(FedAvg):
 
     def _sum_mechanism(self, server_round: int, node: int) -> tuple[float, float, int]:
         """(C, per-client noise std C·σ/√m, m) of the sum ``node`` belongs to."""
-        cfg = self.node_config(server_round, self.accounts[node], self._train_config)
-        clip, sigma = float(cfg.get(keys.CLIP, 1.0)), float(cfg.get(keys.NOISE_MULTIPLIER, 0.0))
-        shares = int(cfg.get(keys.NOISE_SHARES, self.noise_shares))
-        return clip, clip * sigma / math.sqrt(shares), shares
+        cfg = TrainConfig.decode(self.node_config(server_round, self.accounts[node], self._train_config))
+        return cfg.clip, cfg.clip * cfg.noise_multiplier / math.sqrt(cfg.noise_shares), cfg.noise_shares
 
     def _aggregate_secure(
         self, server_round: int, replies: Iterable[Message]

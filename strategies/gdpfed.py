@@ -46,7 +46,7 @@ import logging
 import math
 import secrets
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Iterable, Sequence, Unpack
 
@@ -62,6 +62,7 @@ from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, St
 from strategies.secure_sum import SumResult
 from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
 from protocol.config import kebab, numbers, one_of
+from protocol.train_config import TrainConfig
 from strategies.validation import ExpectedRelease
 
 log = logging.getLogger("privet.strategy")
@@ -125,7 +126,7 @@ class GDPFedConfig(BaseModel):
     @classmethod
     def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
         """Flower's run config holds scalars only: a list is written "0.5, 1.5, 3" ("" = empty)."""
-        return numbers(f"gdpfed.{kebab(info.field_name)}", v) if isinstance(v, str) else v
+        return numbers(f"gdpfed.{kebab(str(info.field_name))}", v) if isinstance(v, str) else v
 
     @field_validator("weighting")
     @classmethod
@@ -360,9 +361,8 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     def sample(self, server_round: int, eligible: list[int], attempt: int = 0) -> list[int]:
         """S_m^t: r_m clients of each group, uniformly without replacement, from a CSPRNG."""
         if self.plan is None:
-            cfg = self._pending_config
-            self._make_plan(int(cfg[keys.NUM_ROUNDS]), float(cfg.get(keys.CLIP, 1.0)),
-                            float(cfg.get(keys.LEARNING_RATE, 0.1)), int(cfg.get(keys.LOCAL_EPOCHS, 1)))
+            cfg = TrainConfig.decode(self._pending_config)
+            self._make_plan(cfg.num_rounds, cfg.clip, cfg.learning_rate, cfg.local_epochs)
         assert self.plan is not None
         for node in eligible:  # nodes registered after the plan (deployment): their group
             if node not in self.group_of:
@@ -375,7 +375,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
             if len(pool) < r:
                 log.warning("round %d: group %d has %d eligible clients, fewer than r_m=%d", server_round, m + 1,
                             len(pool), r)
-            picks = self._rng.choice(len(pool), size=min(r, len(pool)), replace=False) if pool else []
+            picks = self._rng.choice(len(pool), size=min(r, len(pool)), replace=False) if pool else ()
             chosen += [pool[int(i)] for i in picks]
         return sorted(chosen)
 
@@ -384,15 +384,12 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
         """The group's mechanism (σ_m, r_m, q_m, T, C_m) and the round's decayed η."""
         assert self.plan is not None
         m = self.group_of[account.node_id]
-        cfg = ConfigRecord(dict(config))
-        cfg[keys.NOISE_MULTIPLIER] = float(self.plan.sigmas[m])
-        cfg[keys.NOISE_SHARES] = int(self.plan.counts[m])
-        cfg[keys.GROUP_SAMPLE_RATE] = float(self.plan.sample_rates[m])
-        cfg[keys.GROUP_INDEX] = m + 1
-        cfg[keys.CLIP] = float(self.plan.clips[m])
-        cfg[keys.NUM_ROUNDS] = int(self.plan.rounds)
-        cfg[keys.LEARNING_RATE] = lr_at_round(float(config[keys.LEARNING_RATE]), server_round, self.params.lr_decay)
-        return cfg
+        base = TrainConfig.decode(config)
+        group = replace(base, noise_multiplier=float(self.plan.sigmas[m]), noise_shares=int(self.plan.counts[m]),
+                        group_sample_rate=float(self.plan.sample_rates[m]), group_index=m + 1,
+                        clip=float(self.plan.clips[m]), num_rounds=int(self.plan.rounds),
+                        learning_rate=lr_at_round(base.learning_rate, server_round, self.params.lr_decay))
+        return ConfigRecord({**dict(config), **group.encode()})
 
     def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
         """σ_m, q_m and T of the client's group: any other claim is rejected."""

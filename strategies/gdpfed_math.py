@@ -160,7 +160,7 @@ def problem1_objective(
     eta, tau = float(lr), float(local_steps)
     mu4 = 32 * eta * tau + eta + eta / tau
     mu5 = 4.0 / (eta * tau)
-    w = group_weights(r, "paper")
+    w = group_weights([float(x) for x in r], "paper")
     s2 = np.array([sigma2(e, delta, qm, rounds) for e, qm in zip(epsilons, q)])
     phi = np.clip((2 * w * s2 / (eta * tau * mu4 * r**2)) ** 2, 0.0, 1.0)
     return float(np.sum(w * (mu4 * (1 + phi) + mu5 * (1 - np.sqrt(phi)) * w * s2 / r**2)))

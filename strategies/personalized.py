@@ -49,6 +49,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from protocol import keys
+from protocol.replies import EvaluationReport
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions, seeded_sample
 from strategies.layers import weighted_mean
 from tasks.models import head_parameter_names
@@ -145,14 +146,11 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
                             reply.metadata.src_node_id, reply.error.reason)
                 continue
             try:
-                m = reply.content[keys.METRICS]
-                a, l, n = float(m[keys.EVAL_ACCURACY]), float(m[keys.EVAL_LOSS]), int(m[keys.NUM_EXAMPLES])
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("round %d: malformed evaluation reply (%s); ignored", server_round, exc)
+                report = EvaluationReport.decode(reply.content)
+            except ValueError as exc:
+                log.warning("round %d: evaluation reply ignored: %s", server_round, exc)
                 continue
-            if n <= 0 or not (0.0 <= a <= 1.0) or not math.isfinite(l):
-                log.warning("round %d: implausible evaluation reply (acc=%s, n=%s); ignored", server_round, a, n)
-                continue
+            a, l, n = report.accuracy, report.loss, report.num_examples
             acc.append(a)
             loss.append(l)
             weight.append(n)

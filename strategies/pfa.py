@@ -94,7 +94,8 @@ class PFAConfig(BaseModel):
     @field_validator(*_CHOICES)
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        return one_of(f"pfa.{kebab(info.field_name)}", v, _CHOICES[info.field_name])
+        name = str(info.field_name)
+        return one_of(f"pfa.{kebab(name)}", v, _CHOICES[name])
 
 
 def declared_epsilon(account: ClientAccount) -> float:

@@ -19,20 +19,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from privacy.accountants import exceeds_budget
 from protocol import keys
-
-REQUIRED_TRAIN_METRICS = (
-    keys.NUM_EXAMPLES,
-    keys.EPSILON_SPENT,
-    keys.EPSILON_BUDGET,
-    keys.DELTA,
-    keys.NOISE_MULTIPLIER,
-    keys.SAMPLE_RATE,
-    keys.LOCAL_STEPS,
-)
+from protocol.replies import TrainReport
 
 #: Most steps one reply may claim (a sanity bound: far above any real round).
 MAX_STEPS = 10_000_000
@@ -110,46 +101,30 @@ def _same(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def validate_mechanism(metrics: MetricRecord, expected: ExpectedRelease) -> str | None:
+def validate_mechanism(report: TrainReport, expected: ExpectedRelease) -> str | None:
     """The reported mechanism (n, σ, q, steps) against what the server can derive."""
-    num = float(metrics[keys.NUM_EXAMPLES])  # a positive integer: validate_privacy_metrics came first
-    if int(num) != expected.num_examples:
-        return (f"claimed {keys.NUM_EXAMPLES}={int(num)} contradicts the handshake's {expected.num_examples} "
-                "(the aggregation weight must be the declared count)")
-    sigma = float(metrics[keys.NOISE_MULTIPLIER])
-    rate = float(metrics[keys.SAMPLE_RATE])
-    steps = float(metrics[keys.LOCAL_STEPS])
+    if report.num_examples != expected.num_examples:
+        return (f"claimed {keys.NUM_EXAMPLES}={report.num_examples} contradicts the handshake's "
+                f"{expected.num_examples} (the aggregation weight must be the declared count)")
+    sigma, rate, steps = report.noise_multiplier, report.sample_rate, report.local_steps
     if not (math.isfinite(sigma) and sigma >= 0):
         return f"claimed noise multiplier {sigma!r} is not a finite number >= 0"
     if not (math.isfinite(rate) and 0 < rate <= 1):
         return f"claimed sample rate {rate!r} is outside (0, 1]"
-    if not (math.isfinite(steps) and 1 <= steps <= MAX_STEPS and steps == int(steps)):
+    if not 1 <= steps <= MAX_STEPS:
         return f"claimed steps {steps!r} is not an integer in [1, {MAX_STEPS}]"
     if expected.noise_multiplier is not None and not _same(sigma, expected.noise_multiplier):
         return f"claimed noise multiplier {sigma:g} differs from the {expected.noise_multiplier:g} the server set"
     if expected.sample_rate is not None and not _same(rate, expected.sample_rate):
         return f"claimed sample rate {rate:g} differs from the {expected.sample_rate:g} its example count implies"
-    if expected.steps is not None and int(steps) != expected.steps:
-        return f"claimed {int(steps)} steps differ from the {expected.steps} its example count implies"
+    if expected.steps is not None and steps != expected.steps:
+        return f"claimed {steps} steps differ from the {expected.steps} its example count implies"
     return None
 
 
-def validate_privacy_metrics(metrics: MetricRecord, declared: DeclaredBudget | None) -> str | None:
-    """The privacy figures of a train reply against the handshake's declaration."""
-    for key in REQUIRED_TRAIN_METRICS:
-        if key not in metrics:
-            return f"missing metric '{key}'"
-        value = metrics[key]
-        if isinstance(value, list) or isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"metric '{key}' must be a scalar, got {value!r}"
-        if math.isnan(float(value)):
-            return f"metric '{key}' is NaN"
-    num = float(metrics[keys.NUM_EXAMPLES])
-    if not math.isfinite(num) or num <= 0 or num != int(num):
-        return f"metric '{keys.NUM_EXAMPLES}' must be a positive integer, got {metrics[keys.NUM_EXAMPLES]!r}"
-    budget = float(metrics[keys.EPSILON_BUDGET])
-    spent = float(metrics[keys.EPSILON_SPENT])
-    delta = float(metrics[keys.DELTA])
+def validate_privacy_metrics(report: TrainReport, declared: DeclaredBudget | None) -> str | None:
+    """The privacy figures of a train report against the handshake's declaration."""
+    budget, spent, delta = report.epsilon_budget, report.epsilon_spent, report.delta
     if budget <= 0:
         return f"claimed budget eps={budget} is not positive"
     if spent < 0:
@@ -182,8 +157,10 @@ def validate_train_reply(
     reason = validate_arrays(content.array_records[keys.ARRAYS], expected)
     if reason:
         return reason
-    metrics = content.metric_records[keys.METRICS]
-    reason = validate_privacy_metrics(metrics, declared)
+    report = TrainReport.decode(content.metric_records[keys.METRICS])
+    if isinstance(report, str):
+        return report
+    reason = validate_privacy_metrics(report, declared)
     if reason or release is None:
         return reason
-    return validate_mechanism(metrics, release)
+    return validate_mechanism(report, release)

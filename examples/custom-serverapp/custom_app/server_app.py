@@ -16,6 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from protocol import keys
+from protocol.train_config import TrainConfig
 from strategies.baselines import FedAvgHDP
 from tasks.models import build_model, get_weights, weight_names
 
@@ -27,21 +28,19 @@ NUM_CLASSES = 10
 
 
 def train_config(rc: dict, num_rounds: int) -> ConfigRecord:
-    """What privet's ClientApp needs to run one round of DP-SGD."""
-    return ConfigRecord({
-        keys.NUM_ROUNDS: num_rounds,
-        keys.DP_MODE: keys.DP_SGD,
-        keys.CLIP: float(rc["clip"]),
-        keys.NOISE_MULTIPLIER: 0.0,  # 0: every client calibrates σ to its own budget
-        keys.NOISE_SHARES: 1,
-        keys.LOCAL_EPOCHS: int(rc["local-epochs"]),
-        keys.BATCH_SIZE: int(rc["batch-size"]),
-        keys.LEARNING_RATE: float(rc["learning-rate"]),
-        keys.MOMENTUM: 0.0,
-        keys.GRAD_SAMPLE_MODE: "hooks",
-        keys.ACCOUNTANT: "rdp",
-        keys.SEED: int(rc["seed"]),
-    })
+    """What privet's ClientApp needs to run one round of DP-SGD (typed: a bad value fails here)."""
+    return TrainConfig(
+        num_rounds=num_rounds,
+        dp_mode=keys.DP_SGD,
+        clip=float(rc["clip"]),
+        noise_multiplier=0.0,  # 0: every client calibrates σ to its own budget
+        local_epochs=int(rc["local-epochs"]),
+        batch_size=int(rc["batch-size"]),
+        learning_rate=float(rc["learning-rate"]),
+        grad_sample_mode="hooks",
+        accountant="rdp",
+        seed=int(rc["seed"]),
+    ).encode()
 
 
 @app.main()
