@@ -12,7 +12,7 @@ draws, with inline SVG and no external file, script or font:
 
 A small inline script counts, once the page is laid out, the figures that have a
 non-empty drawing and the table rows, and writes the counts into ``<body data-...>``:
-``tests/test_report_html.py`` reads them from a headless Chromium.
+``tests/server/test_report_html.py`` reads them from a headless Chromium.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -13,6 +17,33 @@ from protocol import keys
 #: from them stays far below any claimed ε in these tests (q and steps of one whole-update
 #: release, what an update-mode strategy expects).
 FAKE_MECHANISM = {keys.NOISE_MULTIPLIER: 1000.0, keys.SAMPLE_RATE: 1.0, keys.LOCAL_STEPS: 1}
+
+
+def train_reply_content(arrays: Sequence[np.ndarray], *, client_id: str | None = None, num_examples: int = 100,
+                        epsilon_spent: float = 1.0, epsilon_budget: float = 10.0, **metrics: Any) -> RecordDict:
+    """The content of a well-formed train reply (the one reply factory of the strategy tests).
+
+    Covered figures as an honest client reports them (:class:`protocol.replies.TrainReport`) with
+    the :data:`FAKE_MECHANISM`; ``metrics`` overrides or adds raw entries by wire key, so a test can
+    also forge a malformed one (NaN, a list, a missing key via ``None``).
+    """
+    from protocol.replies import TrainReport
+
+    report = TrainReport(num_examples=num_examples, epsilon_budget=epsilon_budget, delta=1e-5,
+                         epsilon_spent=epsilon_spent, noise_multiplier=FAKE_MECHANISM[keys.NOISE_MULTIPLIER],
+                         sample_rate=FAKE_MECHANISM[keys.SAMPLE_RATE], local_steps=FAKE_MECHANISM[keys.LOCAL_STEPS])
+    entries = {**report.metrics(), **metrics}
+    content = RecordDict({keys.ARRAYS: ArrayRecord([np.asarray(a) for a in arrays]),
+                          keys.METRICS: MetricRecord({k: v for k, v in entries.items() if v is not None})})
+    if client_id is not None:
+        content[keys.META] = ConfigRecord({keys.CLIENT_ID: client_id})
+    return content
+
+
+def train_reply(request: Message, arrays: Sequence[np.ndarray], **kwargs: Any) -> Message:
+    """A well-formed reply to ``request`` from its destination node (:func:`train_reply_content`)."""
+    content = train_reply_content(arrays, client_id=str(request.metadata.dst_node_id), **kwargs)
+    return Message(content, reply_to=request)
 
 
 class BudgetGrid(Grid):

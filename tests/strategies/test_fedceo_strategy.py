@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from protocol import keys
-from tests.fakes import FAKE_MECHANISM, BudgetGrid
+from tests.fakes import BudgetGrid, train_reply
 from strategies.fedceo import DIAG_CLIENTS, DIAG_SMOOTHED, DIAG_THRESHOLD, FedCEO, FedCEOConfig
 
 NAMES = ["conv.weight", "conv.bias", "fc.weight", "fc.bias"]
@@ -64,21 +64,12 @@ def _record(arrays) -> ArrayRecord:
     return ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(NAMES, arrays)})
 
 
-def _reply(request: Message, arrays, num_examples: int = 100) -> Message:
-    metrics = {keys.NUM_EXAMPLES: num_examples, keys.EPSILON_SPENT: 1.0, keys.EPSILON_BUDGET: 10.0,
-               keys.DELTA: 1e-5, **FAKE_MECHANISM}
-    content = RecordDict({keys.ARRAYS: ArrayRecord([np.asarray(a) for a in arrays]),
-                          keys.METRICS: MetricRecord(metrics),
-                          keys.META: ConfigRecord({keys.CLIENT_ID: str(request.metadata.dst_node_id)})})
-    return Message(content, reply_to=request)
-
-
 def _round(strategy, server_round, global_model, uploads):
     """configure_train for all NODES, replies from ``uploads`` (node -> arrays) only."""
     messages = list(strategy.configure_train(server_round, _record(global_model), ConfigRecord({}),
                                              BudgetGrid({n: 10.0 for n in NODES}, EXAMPLES)))
     sent = {m.metadata.dst_node_id: m.content[keys.ARRAYS].to_numpy_ndarrays() for m in messages}
-    replies = [_reply(m, uploads[m.metadata.dst_node_id], num_examples=EXAMPLES[m.metadata.dst_node_id])
+    replies = [train_reply(m, uploads[m.metadata.dst_node_id], num_examples=EXAMPLES[m.metadata.dst_node_id])
                for m in messages if m.metadata.dst_node_id in uploads]
     record, _ = strategy.aggregate_train(server_round, replies)
     return sent, (record.to_numpy_ndarrays() if record is not None else None)

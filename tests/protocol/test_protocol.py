@@ -17,7 +17,7 @@ from protocol.budget_query import BudgetQuery
 from protocol.dpfedc import DPFedCRound
 from protocol.errors import ERROR_CONFIG
 from protocol.train_config import TrainConfig
-from tests.test_threat_model import _context, _global_arrays, _message
+from tests.system.test_threat_model import _context, _global_arrays, _message
 
 
 def _random_train_config(rng: np.random.Generator) -> TrainConfig:

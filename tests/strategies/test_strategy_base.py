@@ -6,20 +6,17 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord
 
 from protocol import keys
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 from strategies.layers import weighted_mean
 from strategies.validation import DeclaredBudget, specs_of, validate_train_reply
-from tests.fakes import FAKE_MECHANISM
+from tests.fakes import train_reply_content
 
 
 def _reply(arrays, **metrics):
-    base = {keys.NUM_EXAMPLES: 10, keys.EPSILON_SPENT: 1.0, keys.EPSILON_BUDGET: 2.0, keys.DELTA: 1e-5,
-            **FAKE_MECHANISM}
-    base.update(metrics)
-    return RecordDict({keys.ARRAYS: ArrayRecord(arrays), keys.METRICS: MetricRecord(base)})
+    return train_reply_content(arrays, num_examples=10, epsilon_budget=2.0, **metrics)
 
 
 def test_weighted_mean_matches_an_explicit_sum():

@@ -12,11 +12,11 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from client.pfa_coordinates import encode_pfa_coordinates
 from protocol import keys
-from tests.fakes import FAKE_MECHANISM, BudgetGrid
+from tests.fakes import BudgetGrid, train_reply
 from strategies.pfa import PFA, PFAConfig, PFAPlus, WeiAvg
 
 NAMES = ["fc.weight", "fc.bias", "conv.weight"]
@@ -46,15 +46,6 @@ def _record(arrays):
     return ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(NAMES, arrays)})
 
 
-def _reply(request: Message, arrays: list[np.ndarray], budget: float) -> Message:
-    metrics = {keys.NUM_EXAMPLES: 100, keys.EPSILON_SPENT: budget / 2, keys.EPSILON_BUDGET: budget,
-               keys.DELTA: 1e-5, **FAKE_MECHANISM}
-    content = RecordDict({keys.ARRAYS: ArrayRecord([np.asarray(a) for a in arrays]),
-                          keys.METRICS: MetricRecord(metrics),
-                          keys.META: ConfigRecord({keys.CLIENT_ID: str(request.metadata.dst_node_id)})})
-    return Message(content, reply_to=request)
-
-
 def _round(strategy, server_round, global_model, budgets, trained, encode=False):
     """configure_train, then one reply per message (models, or coordinates where asked)."""
     messages = list(strategy.configure_train(server_round, _record(global_model), ConfigRecord({}),
@@ -67,7 +58,7 @@ def _round(strategy, server_round, global_model, budgets, trained, encode=False)
         arrays = trained[node]
         if encode and msg.content[keys.CONFIG].get(keys.UPLOAD_FORMAT) == keys.UPLOAD_COORDINATES:
             arrays = encode_pfa_coordinates(msg.content, global_model, arrays).to_numpy_ndarrays()
-        replies.append(_reply(msg, arrays, budgets[node]))
+        replies.append(train_reply(msg, arrays, epsilon_budget=budgets[node], epsilon_spent=budgets[node] / 2))
     record, _ = strategy.aggregate_train(server_round, replies)
     return messages, record.to_numpy_ndarrays()
 

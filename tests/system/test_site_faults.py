@@ -27,7 +27,7 @@ from client.profile import resolve_profile
 from privacy.ledger import PrivacyLedger
 from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
 from protocol import keys
-from tests.test_threat_model import _context, _global_arrays, _message
+from tests.system.test_threat_model import _context, _global_arrays, _message
 
 
 def _run(cfg: dict, node_configs: list[dict], hook=None) -> tuple[dict, dict[int, list[str]]]:  # noqa: ANN001

@@ -21,7 +21,7 @@ from privacy.budgets import (
     group_of,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 6000  # clients for the distributional checks; ~0.3 s per distribution
 
 

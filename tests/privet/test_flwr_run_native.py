@@ -20,7 +20,7 @@ from privet.cli import free_port, stop_local_superlink
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: The activate script a user sources (a test may point at another one with this variable).
 ACTIVATE = Path(os.environ.get("PRIVET_ACTIVATE", REPO / ".venv" / "bin" / "activate"))
 

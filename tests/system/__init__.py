@@ -1,0 +1,1 @@
+"""Tests of the whole system: architecture, attacks on the running system, deployments."""
