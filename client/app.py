@@ -144,14 +144,14 @@ def _train_locally(
         On a personalization request the model or data cannot serve.
     """
     grad_sample_mode = resolve_grad_sample_mode(cfg.grad_sample_mode, str(context.run_config.get("model", "")))
-    mode = cfg.dp_mode
+    mode = dp_mode(cfg.dp_mode)
     if cfg.personalization:
         return train_personalized(model, data, local, cfg, context, clip=clip, noise_multiplier=noise_multiplier,
                                   partition_id=partition_id, noise=noise, grad_sample_mode=grad_sample_mode)
-    if mode == keys.DP_SGD:
+    if mode.per_record:
         return train_dpsgd(model, data, local, clip=clip, noise_multiplier=noise_multiplier, noise=noise,
                            grad_sample_mode=grad_sample_mode)
-    if mode == keys.DP_UPDATE:
+    if mode.whole_update:
         return train_update_dp(model, data, local, clip=clip, noise_multiplier=noise_multiplier,
                                noise_shares=cfg.noise_shares, noise=noise,
                                min_survivors=min_survivors)
@@ -224,7 +224,7 @@ def _train_with_ledger(
             raise ValueError(f"the train config has no '{keys.SERVER_ROUND}' >= 1")
         group = group_dp.GroupMechanism.from_config(cfg) if cfg.group_round else None  # GDPFed
         secure = secure_survivors(msg, context)  # r_min when this upload leaves only inside a secure sum
-        if secure is not None and (mode != keys.DP_UPDATE or cfg.personalization):
+        if secure is not None and (not dp_mode(mode).whole_update or cfg.personalization):
             raise ValueError(f"a secure sum needs dp-mode '{keys.DP_UPDATE}' without personalization; "
                              f"found dp-mode {mode!r}")
         if secure is not None and group is None and cfg.noise_multiplier <= 0:

@@ -37,6 +37,7 @@ from privacy.centroid_noise import (
     paper_round_epsilon,
     privatize_centroids,
 )
+from privacy.dp_modes import dp_mode
 from privacy.randomness import NoiseSource
 from client.replies import error_reply, reply_meta, stale_reason, train_report
 from client.round_plan import client_seed, noise_for, plan_round
@@ -186,7 +187,8 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, tra
     n = x.shape[1]
     clip = train.clip
     grad_clip = section.grad_clip or math.inf
-    if mode == keys.DP_NONE:
+    private = dp_mode(mode).private
+    if not private:
         if math.isfinite(ledger.epsilon_budget):
             return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
                           f"budget (eps={ledger.epsilon_budget:g}) and refuses non-private training")
@@ -208,7 +210,7 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, tra
         charged = plan.charged_multiplier
         privacy = RoundPrivacy("rigorous", clip=clip, grad_clip=grad_clip, noise_multiplier=charged,
                                delta=ledger.delta)
-    if mode != keys.DP_NONE and ledger.would_exceed(charged, 1.0, 1):
+    if private and ledger.would_exceed(charged, 1.0, 1):
         return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
                       f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it")
 
@@ -224,7 +226,7 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, tra
     before = ledger.spent()
     try:  # a non-private round is charged (0, 1, 1): eps = inf, as in client.app
         ledger.record(charged, 1.0, 1, server_round=server_round, run_id=int(context.run_id),
-                      mode=keys.DP_UPDATE if mode != keys.DP_NONE else keys.DP_NONE)
+                      mode=keys.DP_UPDATE if private else keys.DP_NONE)  # it bounds the whole data set
     except PrivacyBudgetExhausted as exc:
         return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
     store_ledger(ledger, profile, context)
@@ -236,7 +238,7 @@ def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, tra
             uncovered[keys.UPDATE_NORM] = float(result.release.update_norm)
     report = train_report(ledger, before, num_examples=int(n), noise_multiplier=charged, sample_rate=1.0,
                           local_steps=1, extra=uncovered,
-                          clip=grad_clip if calibration == "paper" and mode != keys.DP_NONE else clip)  # never η
+                          clip=grad_clip if calibration == "paper" and private else clip)  # never η
     meta = reply_meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
                              keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
     arrays = ArrayRecord({"centroids": Array(np.asarray(result.upload, np.float64))})

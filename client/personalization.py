@@ -58,6 +58,7 @@ from torch.func import functional_call
 from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.accountants import Step
 from privacy.mechanisms import local_noise_multiplier, privatize_update
+from privacy.dp_modes import dp_mode
 from privacy.randomness import NoiseSource
 from protocol import keys
 from protocol.train_config import TrainConfig
@@ -308,9 +309,9 @@ def train_personalized(
         On an unknown scheme or dp-mode, a model without a Linear head (CENTAUR), or a
         shard too small to split.
     """
-    scheme, mode, shares = config.personalization, config.dp_mode, config.noise_shares
-    private = mode == keys.DP_UPDATE
-    dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode, noise) if mode == keys.DP_SGD else None
+    scheme, mode, shares = config.personalization, dp_mode(config.dp_mode), config.noise_shares
+    private = mode.whole_update
+    dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode, noise) if mode.per_record else None
     train, _ = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
     names = weight_names(model)
     received = dict(zip(names, get_weights(model)))

@@ -56,6 +56,11 @@ class DPMode:
     per_record: bool
     unit: str
 
+    @property
+    def whole_update(self) -> bool:
+        """The client clips and noises its whole update once per round (client-level DP)."""
+        return self.private and not self.per_record
+
     def release(self, num_examples: int, batch_size: int, epochs: int) -> tuple[float, int]:
         """(q, steps) of one round: DP-SGD's 1/⌈n/B⌉ and E·⌈n/B⌉, otherwise (1, 1)."""
         if not self.per_record:

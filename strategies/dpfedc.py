@@ -32,6 +32,7 @@ from privacy.centroid_noise import (
     paper_noise_multiplier,
     paper_round_epsilon,
 )
+from privacy import dp_modes
 from protocol import keys
 from protocol.budget_query import BudgetQuery
 from protocol.dpfedc import DPFedCRound
@@ -112,7 +113,7 @@ class DPFedC(PrivacyAwareFedAvg):
     def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
         """The paper calibration's z follows from public figures (ε̄, δ, n_i, Q₂ᵗ, b, K/N):
         the server recomputes it and rejects a reply whose σ differs."""
-        if self.calibration != "paper" or self.dp_mode == keys.DP_NONE:
+        if self.calibration != "paper" or not dp_modes.dp_mode(self.dp_mode).private:
             return super().expected_release(server_round, account)
         n = account.num_examples
         q = self.params.w_steps(server_round) * min(self.params.batch, n) / n

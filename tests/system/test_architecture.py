@@ -115,3 +115,18 @@ def test_the_client_never_reads_the_strategys_name():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 found.append(f"{name}:{node.lineno} {node.value!r}")
     assert not found, found
+
+
+def test_no_dp_mode_ladder_outside_the_registry():
+    """What a DP mode means is answered by ``privacy.dp_modes`` (private, per-record, whole-update,
+    release, charge): no module outside it compares a mode with ``keys.DP_*``."""
+    found = []
+    for name, path in MODULES.items():
+        if name == "privacy.dp_modes":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                for side in (node.left, *node.comparators):
+                    if isinstance(side, ast.Attribute) and side.attr in ("DP_SGD", "DP_UPDATE", "DP_NONE"):
+                        found.append(f"{name}:{node.lineno}")
+    assert not found, found
