@@ -14,7 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from server.config import ConfigError, RunConfig
 from server.federation import check_federation
 from server.registry import build_strategy, train_config
-from server.results import ResultsWriter
+from server.results import ResultsWriter, RunSummary
 from protocol.log import route_privet_logs_to_flower
 from tasks.datasets import check_available, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
@@ -30,7 +30,7 @@ def results_dir(cfg: RunConfig, run_id: int) -> Path:
     return Path(cfg.out_dir) if cfg.out_dir else Path.cwd() / "results" / f"run-{run_id}"
 
 
-def run_experiment(grid: Grid, run_config: dict, run_id: int) -> dict:
+def run_experiment(grid: Grid, run_config: dict, run_id: int) -> RunSummary:
     """Everything ``main`` does, callable with any Grid (the tests use an in-process one)."""
     try:
         cfg = RunConfig.from_flower(run_config)

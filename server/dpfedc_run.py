@@ -17,14 +17,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 
 from server.registry import build_strategy, train_config
-from server.results import ResultsWriter
+from server.results import ResultsWriter, RunSummary
 from strategies.dpfedc import DPFedC, evaluate_centroids
 from tasks.clustering import initial_point, load_clustering_data
 
 log = logging.getLogger("privet.strategy")
 
 
-def run_dpfedc(grid, cfg, run_id: int, out) -> dict:
+def run_dpfedc(grid, cfg, run_id: int, out) -> RunSummary:
     """The ServerApp body for ``strategy = "dpfedc"``: W⁰ out, rounds, per-round evaluation
     (accuracy / NMI / objective on ``eval-samples`` labelled samples, memberships by the H
     phase), results and a privacy report that states what the calibration means."""
@@ -67,7 +67,7 @@ def run_dpfedc(grid, cfg, run_id: int, out) -> dict:
     return summary
 
 
-def calibration_note(cfg, summary: dict) -> dict:
+def calibration_note(cfg, summary: RunSummary) -> dict:
     """What the run's ε means under its calibration (the report's DP-FedC section)."""
     d = cfg.dpfedc
     rig = [c["epsilon_server_recomputed_this_run"] for c in summary["clients"]]

@@ -20,13 +20,66 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from privacy.accountants import REPLACE_ONE, exceeds_budget
 from privacy.dp_modes import DP_MODES
 from server.config import RunConfig
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 from strategies.gdpfed import GDPFED_STRATEGIES
+
+
+class ClientSummary(TypedDict):
+    """One client's privacy position in ``summary.json`` (every key spelled here once)."""
+
+    client_id: str
+    node_id: int
+    epsilon_budget: float | None
+    epsilon_spent: float | None
+    epsilon_spent_before_run: float | None
+    epsilon_server_recomputed_this_run: float | None
+    delta: float
+    num_examples: int
+    rounds_joined: list[int]
+    dropped_rounds: list[int]
+    rejections: list[dict[str, Any]]
+    exhausted: bool
+    within_budget: bool
+    relation: str
+    guarantee_unit: str
+    noise_source: str
+    guarantee: str
+    not_covered: list[str]
+
+
+class RunSummary(TypedDict):
+    """``summary.json``: what a run achieved and every client's position; experiment drivers read it
+    with these keys (``None`` where a figure does not exist, e.g. accuracy before any round)."""
+
+    strategy: str
+    dp_mode: str
+    dataset: str
+    model: str
+    rounds: int
+    rounds_completed: int
+    final_accuracy: float | None
+    best_accuracy: float | None
+    final_loss: float | None
+    final_personalized_accuracy: float | None
+    best_personalized_accuracy: float | None
+    accountant: str
+    clip: float
+    noise_multiplier: float | str
+    noise_shares: int
+    secure_aggregation: dict[str, Any] | str
+    elapsed_seconds: float
+    dropped: list[str]
+    failed_rounds: list[dict[str, Any]]
+    refused: list[dict[str, Any]]
+    clients: list[ClientSummary]
+    group_dp: NotRequired[dict[str, Any]]  # GDPFed family: the group plan, the aggregation
+    dpfedc: NotRequired[dict[str, Any]]  # DP-FedC: what its ε means under its calibration
+    status: NotRequired[str]
 
 
 def _finite(x: float) -> float | None:
@@ -55,7 +108,7 @@ class ResultsWriter:
         with open(self.out / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(_jsonable(line)) + "\n")
 
-    def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> dict[str, Any]:
+    def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> RunSummary:
         """Write summary, privacy report and plot; ``status`` says how the run ended."""
         summary = build_summary(self.cfg, strategy, self.rounds, elapsed_seconds)
         if status == "completed" and summary["failed_rounds"]:
@@ -121,14 +174,14 @@ def _outside(account: ClientAccount) -> list[str]:
 
 def build_summary(
     cfg: RunConfig, strategy: PrivacyAwareFedAvg, rounds: list[dict[str, Any]], elapsed: float
-) -> dict[str, Any]:
+) -> RunSummary:
     """``summary.json``: the run's outcome and every client's privacy position."""
     evaluated = [r for r in rounds if r.get("accuracy") is not None]
     mode = cfg.resolved_dp_mode
     secure = cfg.secure_aggregation != "none"
     secure_floor = (cfg.secagg.min_survivors or cfg.noise_shares) if secure and cfg.strategy not in GDPFED_STRATEGIES \
         else 0
-    clients = []
+    clients: list[ClientSummary] = []
     for a in sorted(strategy.accounts.values(), key=lambda a: (len(a.client_id), a.client_id)):
         server_eps = a.server_epsilon(cfg.accountant)
         clients.append({
@@ -155,7 +208,7 @@ def build_summary(
             "not_covered": _outside(a),
         })
     personal = [r for r in rounds if r.get("personalized_accuracy") is not None]
-    return {
+    summary: RunSummary = {
         "strategy": cfg.strategy,
         "dp_mode": mode,
         "dataset": cfg.dataset,
@@ -184,12 +237,13 @@ def build_summary(
         "refused": [{"node_id": n, "client_id": r.client_id, "reason": r.reason}
                     for n, r in sorted(strategy.refused.items())],
         "clients": clients,
-        # GDPFed family: the group plan and "aggregation": "trusted aggregator"
-        **({"group_dp": strategy.describe()} if hasattr(strategy, "describe") else {}),
     }
+    if hasattr(strategy, "describe"):  # GDPFed family: the group plan and "aggregation": "trusted aggregator"
+        summary["group_dp"] = strategy.describe()
+    return summary
 
 
-def format_privacy_report(summary: dict[str, Any]) -> str:
+def format_privacy_report(summary: RunSummary) -> str:
     """The human-readable privacy report of a run (markdown)."""
     def eps(x: float | None) -> str:
         return "inf" if x is None else f"{x:.4f}"

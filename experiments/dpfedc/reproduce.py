@@ -131,7 +131,9 @@ def table(runs: int = 5, modes: tuple[str, ...] = ("none", "paper", "rigorous"),
                     acc, _, nm, e = run_dpfedc(xs, ys, w0, params, r, mode, g, c)
                 else:
                     acc, _, nm, e = run_baseline(name, xs, ys, w0, r, mode, params)
-                finals.append(acc[-1]), nmis.append(nm[-1]), epss.append(e)
+                finals.append(acc[-1])
+                nmis.append(nm[-1])
+                epss.append(e)
             rows["results"][f"{name}/{mode}"] = {"accuracy": finals, "nmi": nmis, "rigorous_epsilon": epss,
                                                  "seconds": time.perf_counter() - t0}
             print(f"{name:8s} {mode:9s} acc {100*np.mean(finals):5.1f} ± {100*np.std(finals):4.1f} "
@@ -155,7 +157,8 @@ def trends(runs: int = 1) -> None:
             accs, objs = [], []
             for r in range(runs):
                 acc, obj, _, _ = run_dpfedc(xs, ys, initial_point(784, 10, r), params, r, mode, g, c, k=k, eps=eps)
-                accs.append(acc), objs.append(obj)
+                accs.append(acc)
+                objs.append(obj)
             curves[f"{how}/{label}"] = {"accuracy": np.mean(accs, 0).tolist(), "objective": np.mean(objs, 0).tolist()}
             print(how, label, f"final acc {curves[f'{how}/{label}']['accuracy'][-1]:.3f}", flush=True)
     (OUT / "trends.json").write_text(json.dumps(curves))

@@ -200,7 +200,7 @@ def dlg_reconstruct(
         def matching_loss() -> torch.Tensor:
             loss = torch.sum(-F.softmax(dummy_y, dim=-1) * F.log_softmax(model(dummy_x), dim=-1))
             grads = torch.autograd.grad(loss, params, create_graph=True)
-            return sum(((g - t) ** 2).sum() for g, t in zip(grads, target))
+            return torch.stack([((g - t) ** 2).sum() for g, t in zip(grads, target)]).sum()
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad()

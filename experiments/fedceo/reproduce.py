@@ -86,7 +86,7 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
     grid = InProcessGrid(client_app, simulation_node_configs(int(cfg["num-clients"])), cfg)
     summary = run_experiment(grid, cfg, run_id=1)
     rounds = [json.loads(x) for x in (OUT_ROOT / key / "rounds.jsonl").read_text().splitlines()]
-    spent = [c["epsilon_spent"] for c in summary["clients"]]
+    spent = [c["epsilon_spent"] or 0.0 for c in summary["clients"]]  # None: no bound (a non-private run)
     smoothing = [r for r in rounds if r.get("fedceo-smoothed")]
     return {
         "key": key,

@@ -112,13 +112,14 @@ def run_one(method: str, clients: int, rounds: int, seed: int, extra: dict[str, 
         started = time.perf_counter()
         grid = InProcessGrid(client_app, simulation_node_configs(clients), cfg, run_id=seed)
         summary = run_experiment(grid, cfg, run_id=seed)
-    spent = [c for c in summary["clients"] if c["epsilon_budget"] is not None]
+    spent = [((c["epsilon_spent"] or 0.0) / c["epsilon_budget"], c["within_budget"]) for c in summary["clients"]
+             if c["epsilon_budget"] is not None]
     return {
         "method": method, "clients": clients, "rounds": rounds, "seed": seed, "extra": extra,
         "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
         "seconds": time.perf_counter() - started,
-        "all_within_budget": all(c["within_budget"] for c in spent),
-        "max_spent_over_budget": max((c["epsilon_spent"] or 0) / c["epsilon_budget"] for c in spent) if spent else None,
+        "all_within_budget": all(within for _, within in spent),
+        "max_spent_over_budget": max(share for share, _ in spent) if spent else None,
         "aggregation": (summary.get("group_dp") or {}).get("aggregation", "plain mean (non-private)"),
         "plan": (summary.get("group_dp") or {}).get("plan"),
     }
