@@ -257,9 +257,10 @@ def other_runs_table(dataset: str, grid: dict[str, Any], done: dict[str, Any]) -
     return "\n".join(rows) if len(rows) > 2 else "none"
 
 
-def write_report(grid: dict[str, Any], dataset: str) -> None:
-    """Fill ``results.template.md`` with the tables of every model that has runs."""
-    done = json.loads(RUNS_JSON.read_text()) if RUNS_JSON.exists() else {}
+def write_report(grid: dict[str, Any], dataset: str, runs_json: Path = RUNS_JSON) -> None:
+    """Fill ``results.template.md`` with the tables of every model in ``runs_json`` that has runs;
+    ``results.md`` is written beside ``runs_json`` (so a run elsewhere writes nothing here)."""
+    done = json.loads(runs_json.read_text()) if runs_json.exists() else {}
     tables = {}
     for model in ("mlp2", "lenet5"):
         for metric in ("final_accuracy", "best_accuracy"):
@@ -273,8 +274,8 @@ def write_report(grid: dict[str, Any], dataset: str) -> None:
                                    "2-core CPU" if runs else "not run")
     tables["other_runs"] = other_runs_table(dataset, grid, done)
     template = (HERE / "results.template.md").read_text()
-    (HERE / "results.md").write_text(template.format(dataset=dataset, **tables))
-    print(f"wrote {HERE / 'results.md'}")
+    (runs_json.parent / "results.md").write_text(template.format(dataset=dataset, **tables))
+    print(f"wrote {runs_json.parent / 'results.md'}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, action="append", help="only these seeds (repeatable)")
     parser.add_argument("--method", choices=METHODS, action="append", help="only these methods (repeatable)")
     parser.add_argument("--runs-json", type=Path, default=RUNS_JSON,
-                        help="where results are merged (default runs.json; the report reads runs.json)")
+                        help="where results are merged (default runs.json); results.md is written beside it")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key for every run (e.g. dataset=emnist)")
     args = parser.parse_args(argv)
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         run_all(jobs, args.jobs, args.force, args.runs_json)
     with open(HERE / f"{args.model}.toml", "rb") as fh:
         dataset = str(overrides.get("dataset", tomllib.load(fh)["dataset"]))
-    write_report(grid, dataset)
+    write_report(grid, dataset, args.runs_json)
 
 
 if __name__ == "__main__":
