@@ -16,8 +16,6 @@ from flwr.app import ArrayRecord, RecordDict
 from client.pfa_coordinates import encode_pfa_coordinates
 from protocol import keys
 
-FULL = "full"
-
 #: format name -> encoder(request content, global weights, trained weights) -> ArrayRecord
 Encoder = Callable[[RecordDict, Sequence[np.ndarray], Sequence[np.ndarray]], ArrayRecord]
 ENCODERS: dict[str, Encoder] = {keys.UPLOAD_COORDINATES: encode_pfa_coordinates}
@@ -27,9 +25,9 @@ def encode_upload(
     request: RecordDict, global_weights: Sequence[np.ndarray], trained: Sequence[np.ndarray]
 ) -> ArrayRecord:
     """The ArrayRecord to send back, in the format the request asked for."""
-    fmt = str(request[keys.CONFIG].get(keys.UPLOAD_FORMAT, FULL))
-    if fmt == FULL:
+    fmt = str(request[keys.CONFIG].get(keys.UPLOAD_FORMAT, keys.UPLOAD_FULL))
+    if fmt == keys.UPLOAD_FULL:
         return ArrayRecord([np.asarray(w) for w in trained])
     if fmt not in ENCODERS:
-        raise ValueError(f"'{keys.UPLOAD_FORMAT}' must be one of {[FULL, *ENCODERS]}; found {fmt!r}")
+        raise ValueError(f"'{keys.UPLOAD_FORMAT}' must be one of {[keys.UPLOAD_FULL, *ENCODERS]}; found {fmt!r}")
     return ENCODERS[fmt](request, global_weights, trained)

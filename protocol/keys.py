@@ -104,6 +104,7 @@ STALE_MESSAGE: Final = "stale-message"
 # "basis/<layer>" (d × k) and, when centred, "center/<layer>" (d,) per model array.
 PFA_BASIS_RECORD: Final = "pfa-basis"
 PROJECTION_CENTER_PREFIX: Final = "center/"
+UPLOAD_FULL: Final = "full"  # value of UPLOAD_FORMAT: the whole model (the default)
 UPLOAD_COORDINATES: Final = "coordinates"  # value of UPLOAD_FORMAT: k values per layer
 
 # --- personalized baselines PPSGD / CENTAUR (appended) -----------------------------

@@ -23,8 +23,7 @@ from protocol import keys
 from protocol.config import decode_fields, one_of
 
 #: ``upload-format`` values: the full model, or PFA+'s coordinates in the public subspace.
-UPLOAD_FULL = "full"
-UPLOAD_FORMATS = (UPLOAD_FULL, keys.UPLOAD_COORDINATES)
+UPLOAD_FORMATS = (keys.UPLOAD_FULL, keys.UPLOAD_COORDINATES)
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ class TrainConfig:
     personal_lr_scale: float = 1.0
     group_sample_rate: float = 0.0
     group_index: int = 0
-    upload_format: str = UPLOAD_FULL
+    upload_format: str = keys.UPLOAD_FULL
 
     def __post_init__(self) -> None:
         one_of(keys.DP_MODE, self.dp_mode, keys.DP_MODES)

@@ -33,7 +33,7 @@ def _random_train_config(rng: np.random.Generator) -> TrainConfig:
         personalization=str(rng.choice(["", *keys.PERSONALIZATION_SCHEMES])), head_epochs=int(rng.integers(1, 4)),
         personal_lr_scale=float(rng.uniform(0, 3)), group_sample_rate=float(rng.uniform(0.001, 1)) if grouped else 0.0,
         group_index=int(rng.integers(1, 4)) if grouped else 0,
-        upload_format=str(rng.choice(["full", keys.UPLOAD_COORDINATES])),
+        upload_format=str(rng.choice([keys.UPLOAD_FULL, keys.UPLOAD_COORDINATES])),
     )
 
 
