@@ -91,6 +91,7 @@ def _load_local_data(profile: ClientProfile, run_config: dict) -> tuple[ArrayDat
         "shards_per_client": int(run_config["shards-per-client"]),
         "seed": int(run_config["seed"]),
         "max_examples": int(run_config["max-examples-per-client"]),
+        "evaluation_split": str(run_config.get("evaluation-split", "test")),
     }
 
     def build() -> tuple[ArrayDataset, int]:
@@ -272,6 +273,7 @@ def _train_with_ledger(
     global_weights = [w.copy() for w in get_weights(model)]
     local = LocalTrainingConfig(
         epochs=cfg.local_epochs,
+        steps=cfg.local_steps,
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
         momentum=cfg.momentum,

@@ -141,7 +141,8 @@ def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: 
     def draw(client_id: int) -> float:
         return budget_for(distribution, client_id, num_clients=num_partitions, seed=int(run_config["seed"]),
                           epsilon=float(run_config["epsilon"]), epsilon_min=float(run_config["epsilon-min"]),
-                          epsilon_max=float(run_config["epsilon-max"]), groups=groups, group_ratio=ratio)
+                          epsilon_max=float(run_config["epsilon-max"]), groups=groups, group_ratio=ratio,
+                          components=str(run_config.get("budget-components", "drawn")))
 
     if reference in BUDGET_REFERENCES:  # the reference needs every budget: O(N), these two only
         everyone = [draw(i) for i in range(num_partitions)]

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, Context
 
 from client.personalization import dpsgd_workload
 from client.profile import ClientProfile
-from privacy.calibration import noise_multiplier_for
+from privacy.calibration import noise_multiplier_for, pfa_closed_form_sigma
 from privacy.dp_modes import dp_mode
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
@@ -73,13 +73,15 @@ def plan_round(
     which the ledger's history *before this run* composed with ``num-rounds`` rounds of
     this client's mechanism stays within ``min(budget, spent_before + target-epsilon)``.
     Planning for every round of the run is conservative when the client is not sampled in
-    all of them. The result is cached in ``context.state`` for the rest of the run.
+    all of them. Under ``calibration = "pfa-closed-form"`` σ is raised to the PFA authors'
+    formula for the ε this run may spend (never lowered: the ledger charges the true ε). The
+    result is cached in ``context.state`` for the rest of the run.
     """
     mode = dp_mode(cfg.dp_mode)
     if not mode.private:
         return RoundPlan(0.0, 0.0, 1.0, 1)
     num_examples, epochs = dpsgd_workload(cfg, num_examples)  # what DP-SGD trains on (personalization)
-    rate, steps = mode.release(num_examples, cfg.batch_size, epochs)
+    rate, steps = mode.release(num_examples, cfg.batch_size, epochs, cfg.local_steps)
     # charged = scale · sent (privacy.dp_modes: 1, 1/√m per upload, √(r_min/m) in a secure sum)
     scale = mode.charged(1.0, cfg.noise_shares, min_survivors)
     fixed = cfg.noise_multiplier
@@ -107,6 +109,10 @@ def plan_round(
             accountant=ledger.accountant,
             prior_history=list(ledger.history),
         )
+        if cfg.calibration == "pfa-closed-form":  # the PFA authors' σ, never below what the budget needs
+            closed = pfa_closed_form_sigma(cap - before, ledger.delta, rate, steps * cfg.num_rounds) * scale
+            log.info("pfa-closed-form sigma=%.4f (charged), the accountant's %.4f", closed, charged)
+            charged = max(charged, closed)
         context.state[CALIBRATION_KEY] = ConfigRecord({"run-id": run_key, "sigma": charged})
         log.info("calibrated sigma=%.4f for cap eps=%.3f (q=%.4f, %d steps/round)", charged, cap, rate, steps)
     return RoundPlan(charged / scale, charged, rate, steps)

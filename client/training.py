@@ -12,8 +12,8 @@ guarantees, both under the **replace-one** relation (the dataset size is public)
     Sample-level (ε, δ)-DP of the client's dataset w.r.t. replacing one example by
     another, via DP-SGD with Poisson sampling (rate q = 1/⌈n/B⌉), per-sample clipping to C
     and Gaussian noise σC per step (Abadi et al. 2016; Opacus for the per-sample
-    gradients). Every one of the ``epochs × ⌈n/B⌉`` steps is taken and charged, an empty
-    Poisson batch included (it releases noise only).
+    gradients). Every one of the ``epochs × ⌈n/B⌉`` steps (or τ = ``local-steps``) is taken
+    and charged, an empty Poisson batch included (it releases noise only).
 ``update``
     Client-level DP of each upload w.r.t. replacing the client's whole dataset: the model
     update Δ is clipped to ‖Δ‖₂ <= C and N(0, σ²C²/m) is added locally. One upload alone is
@@ -65,6 +65,7 @@ class LocalTrainingConfig:
     learning_rate: float
     momentum: float
     seed: int
+    steps: int = 0  # τ mini-batch steps per round when > 0 (then ``epochs`` is ignored)
 
 
 def local_sgd(model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig) -> dict[str, float]:
@@ -77,6 +78,7 @@ def local_sgd(model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig) ->
         lr=cfg.learning_rate,
         momentum=cfg.momentum,
         seed=cfg.seed,
+        steps=cfg.steps,
     )
 
 
@@ -133,14 +135,14 @@ def train_dpsgd(
 
     Opacus computes the per-sample gradients and clips them; the batches come from
     :func:`poisson_batches` and the noise from ``noise``. Exactly
-    ``epochs × ⌈n/B⌉`` steps are taken at q = 1/⌈n/B⌉ and charged as such, the same
-    figures the round was planned and checked with.
+    ``epochs × ⌈n/B⌉`` steps (τ = ``cfg.steps`` when > 0) are taken at q = 1/⌈n/B⌉ and
+    charged as such, the same figures the round was planned and checked with.
     """
     from opacus import PrivacyEngine  # heavy import, only where used
 
     n = len(data)
     rate = dpsgd_sample_rate(n, cfg.batch_size)
-    steps = dpsgd_steps_per_round(n, cfg.batch_size, cfg.epochs)
+    steps = dpsgd_steps_per_round(n, cfg.batch_size, cfg.epochs, cfg.steps)
     x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
     # Opacus reads q and the expected batch size (n·q, for the mean loss) off this loader;
     # its batches are never used.

@@ -41,6 +41,7 @@ groups by id, equal or in a given ratio (:func:`group_of`); group g's clients al
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Final
@@ -60,7 +61,9 @@ __all__ = [
     "budget_for",
     "budget_rng",
     "budgets_for",
+    "exact_component",
     "group_of",
+    "MIXTURE_COMPONENTS",
 ]
 
 #: Names accepted by :func:`budget_for`.
@@ -75,6 +78,12 @@ BUDGET_DISTRIBUTIONS: tuple[str, ...] = (
     "mixgauss4",
     "groups",
 )
+
+#: How a mixture's component is chosen per client: ``"drawn"`` independently with the
+#: component weights (the PFA authors' code: the number of high-ε clients is binomial), or
+#: ``"exact"``: a seeded permutation of the ids cut in contiguous blocks of round(weight·n)
+#: clients, so every seed has the same number of clients per component.
+MIXTURE_COMPONENTS: tuple[str, ...] = ("drawn", "exact")
 
 #: Gaussian mixtures of PFA Table 1, as (weight, mean, std) components.
 MIXTURES: Final[dict[str, tuple[tuple[float, float, float], ...]]] = {
@@ -145,14 +154,34 @@ def group_of(client_id: int, num_clients: int, num_groups: int, ratio: Sequence[
     raise AssertionError("unreachable: the last boundary is n")
 
 
-def _draw_truncated(rng: np.random.Generator, draw: str) -> float:
+@functools.lru_cache(maxsize=8)
+def _positions(num_clients: int, seed: int) -> np.ndarray:
+    """A permutation of 0…n−1 seeded by the run seed alone (cached per simulation)."""
+    order = np.random.default_rng(np.random.SeedSequence([abs(seed), int(seed < 0), BUDGET_STREAM, 1]))
+    return order.permutation(num_clients)
+
+
+def exact_component(client_id: int, num_clients: int, seed: int, weights: Sequence[float]) -> int:
+    """Mixture component of ``client_id`` under ``components = "exact"``.
+
+    Ids are permuted by a generator seeded with ``seed`` alone (the same permutation for
+    every client), then cut by :func:`group_of` with the weights as integer ratios (in
+    hundredths), so component k holds ⌈n·W_k⌉ − ⌈n·W_{k−1}⌉ clients (W: cumulative weights).
+    """
+    seed = check_int("seed", seed, minimum=-(2**63))
+    position = int(_positions(num_clients, seed)[client_id])
+    ratio = [max(1, round(100 * w)) for w in weights]
+    return group_of(position, num_clients, len(ratio), ratio)
+
+
+def _draw_truncated(rng: np.random.Generator, draw: str, component: int | None = None) -> float:
     for _ in range(_MAX_REDRAWS):
         if draw == "pareto":
             value = PARETO_SCALE * (1.0 + float(rng.pareto(PARETO_ALPHA)))
         else:
             components = MIXTURES[draw]
             weights = np.array([w for w, _, _ in components])
-            k = int(rng.choice(len(components), p=weights / weights.sum()))
+            k = int(rng.choice(len(components), p=weights / weights.sum())) if component is None else component
             _, mean, std = components[k]
             value = float(rng.normal(mean, std))
         if MIN_BUDGET <= value < math.inf:
@@ -171,6 +200,7 @@ def budget_for(
     epsilon_max: float = 10.0,
     groups: Sequence[float] = GDPFED_FMNIST_GROUPS,
     group_ratio: Sequence[int] | None = None,
+    components: str = "drawn",
 ) -> float:
     """The privacy budget ε of one client, deterministic in (distribution, id, seed, …).
 
@@ -200,6 +230,9 @@ def budget_for(
         Group budgets of ``"groups"``, each > 0; default GDPFed Fashion-MNIST (0.5, 1.5, 3).
     group_ratio : sequence of int, optional
         Relative group sizes of ``"groups"`` (:func:`group_of`); equal when omitted.
+    components : str
+        For the mixtures: one of :data:`MIXTURE_COMPONENTS` (``"drawn"``, the authors' way,
+        or ``"exact"``: a fixed number of clients per component, :func:`exact_component`).
 
     Returns
     -------
@@ -234,6 +267,10 @@ def budget_for(
             raise ValueError(f"groups must be a non-empty sequence of budgets; found {groups!r}")
         values = [check_positive_finite(f"groups[{g}]", v) for g, v in enumerate(groups)]
         return values[group_of(client_id, num_clients, len(values), group_ratio)]
+    components = check_choice("components", components, MIXTURE_COMPONENTS)
+    if components == "exact" and distribution in MIXTURES:
+        weights = [w for w, _, _ in MIXTURES[distribution]]
+        return _draw_truncated(rng, distribution, exact_component(client_id, num_clients, seed, weights))
     return _draw_truncated(rng, distribution)
 
 

@@ -1,9 +1,11 @@
 """Noise calibration: the smallest σ that keeps a planned run within a target ε.
 
 The closed forms in the papers (PFA Thm. 1, GDPFed Thm. 1, with their unknown or loose
-constants) are not used here; σ comes from the same numerical accountant that later
+constants) do not decide σ here; σ comes from the same numerical accountant that later
 charges the ledger (:func:`privacy.accountants.epsilon_of`), so a calibrated plan is
-accepted by the ledger by construction.
+accepted by the ledger by construction. ``calibration = "pfa-closed-form"`` may only
+*raise* σ to the PFA authors' formula (:func:`pfa_closed_form_sigma`), to reproduce their
+noise levels; the ledger still charges the true ε.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from privacy.checks import (
 from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Step, epsilon_of
 from privacy.exceptions import PrivacyBudgetExhausted
 
-__all__ = ["MAX_SIGMA", "epsilon_for", "noise_multiplier_for"]
+__all__ = ["CALIBRATIONS", "MAX_SIGMA", "epsilon_for", "noise_multiplier_for", "pfa_closed_form_sigma"]
 
 log = logging.getLogger(__name__)
 
@@ -181,3 +183,28 @@ def epsilon_for(
     rate = check_probability("sample_rate", sample_rate)
     steps = check_int("steps", steps, minimum=1)
     return epsilon_of([(sigma, rate, steps)], delta, accountant, relation)
+
+
+#: ``calibration``: how a client turns its budget into σ. ``"accountant"``: the smallest σ
+#: the ledger's accountant accepts (:func:`noise_multiplier_for`); ``"pfa-closed-form"``: the
+#: PFA authors' formula (:func:`pfa_closed_form_sigma`), never below the accountant's σ.
+CALIBRATIONS = ("accountant", "pfa-closed-form")
+
+#: The PFA authors' constant c₂ (their ``compute_noise_multiplier``: ``10 * q * sqrt(T * -log10(delta)) / eps``).
+PFA_C2 = 10.0
+
+
+def pfa_closed_form_sigma(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """σ = c₂ · q · √(T · (−log₁₀ δ)) / ε with c₂ = 10: the PFA authors' calibration.
+
+    Their code's moments-accountant bound with a guessed constant (notes ``pfa.md`` §1.5):
+    T is the number of DP-SGD steps planned, q their sampling rate. For ε ≲ 1 it adds several
+    times the noise ε needs (5–6× at ε = 0.1 in their setting); it is *not* a guarantee by
+    itself, so :func:`client.round_plan.plan_round` uses ``max(this, the accountant's σ)``
+    and the ledger charges the true ε of the σ used.
+    """
+    eps = check_positive_finite("epsilon", epsilon)
+    delta = check_delta(delta)
+    rate = check_probability("sample_rate", sample_rate)
+    steps = check_int("steps", steps, minimum=1)
+    return PFA_C2 * rate * math.sqrt(steps * -math.log10(delta)) / eps

@@ -61,11 +61,15 @@ class DPMode:
         """The client clips and noises its whole update once per round (client-level DP)."""
         return self.private and not self.per_record
 
-    def release(self, num_examples: int, batch_size: int, epochs: int) -> tuple[float, int]:
-        """(q, steps) of one round: DP-SGD's 1/⌈n/B⌉ and E·⌈n/B⌉, otherwise (1, 1)."""
+    def release(self, num_examples: int, batch_size: int, epochs: int, local_steps: int = 0) -> tuple[float, int]:
+        """(q, steps) of one round: DP-SGD's 1/⌈n/B⌉ and E·⌈n/B⌉ (or τ), otherwise (1, 1).
+
+        τ = ``local_steps`` replaces E·⌈n/B⌉ when it is > 0.
+        """
         if not self.per_record:
             return 1.0, 1
-        return dpsgd_sample_rate(num_examples, batch_size), dpsgd_steps_per_round(num_examples, batch_size, epochs)
+        return (dpsgd_sample_rate(num_examples, batch_size),
+                dpsgd_steps_per_round(num_examples, batch_size, epochs, local_steps))
 
     def charged(self, sigma: float, noise_shares: int = 1, min_survivors: int | None = None) -> float:
         """The noise multiplier the ledger charges for σ sent (table above).

@@ -241,6 +241,12 @@ def dpsgd_sample_rate(num_examples: int, batch_size: int) -> float:
     return 1.0 / dpsgd_batches_per_epoch(num_examples, batch_size)
 
 
-def dpsgd_steps_per_round(num_examples: int, batch_size: int, epochs: int) -> int:
-    """DP-SGD steps in one round: ``epochs`` × ⌈n/B⌉, every one taken (empty batches too)."""
+def dpsgd_steps_per_round(num_examples: int, batch_size: int, epochs: int, local_steps: int = 0) -> int:
+    """DP-SGD steps in one round, every one taken (empty batches too).
+
+    τ = ``local_steps`` when it is > 0 (PFA's and GDPFed's "τ local iterations"), else
+    ``epochs`` × ⌈n/B⌉.
+    """
+    if local_steps > 0:
+        return int(local_steps)
     return int(epochs) * dpsgd_batches_per_epoch(num_examples, batch_size)

@@ -34,6 +34,8 @@ TARGET_EPSILON: Final = "target-epsilon"
 BUDGET_REFERENCE: Final = "budget-reference"
 BUDGET_REFERENCES: Final = ("minimum", "maximum")
 LOCAL_EPOCHS: Final = "local-epochs"
+# τ steps per round instead of epochs: LOCAL_STEPS below, the same key as the reply's metric
+CALIBRATION: Final = "calibration"  # "accountant" | "pfa-closed-form" (privacy.calibration)
 BATCH_SIZE: Final = "batch-size"
 LEARNING_RATE: Final = "learning-rate"
 MOMENTUM: Final = "momentum"

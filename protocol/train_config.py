@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from flwr.app import ConfigRecord
 
 from privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from privacy.calibration import CALIBRATIONS
 from protocol import keys
 from protocol.config import decode_fields, one_of
 
@@ -38,6 +39,12 @@ class TrainConfig:
         One of ``keys.DP_MODES`` (:mod:`privacy.dp_modes`).
     local_epochs, batch_size : int
         Local work: passes over the shard, and the (expected) batch size.
+    calibration : str
+        How a calibrating client (σ = 0 sent) sets σ: ``"accountant"`` or PFA's
+        ``"pfa-closed-form"`` (:data:`privacy.calibration.CALIBRATIONS`).
+    local_steps : int
+        τ: when > 0, exactly this many mini-batch steps per round instead of
+        ``local_epochs`` passes (PFA's and GDPFed's local iterations; not with personalization).
     learning_rate, momentum : float
         Local SGD.
     clip : float
@@ -84,6 +91,8 @@ class TrainConfig:
     group_sample_rate: float = 0.0
     group_index: int = 0
     upload_format: str = keys.UPLOAD_FULL
+    local_steps: int = 0
+    calibration: str = "accountant"
 
     def __post_init__(self) -> None:
         one_of(keys.DP_MODE, self.dp_mode, keys.DP_MODES)
@@ -91,8 +100,9 @@ class TrainConfig:
         one_of(keys.BUDGET_REFERENCE, self.budget_reference, ("", *keys.BUDGET_REFERENCES))
         one_of(keys.PERSONALIZATION, self.personalization, ("", *keys.PERSONALIZATION_SCHEMES))
         one_of(keys.UPLOAD_FORMAT, self.upload_format, UPLOAD_FORMATS)
+        one_of(keys.CALIBRATION, self.calibration, CALIBRATIONS)
         for name, low in (("num_rounds", 1), ("local_epochs", 1), ("batch_size", 1), ("noise_shares", 1),
-                          ("head_epochs", 1), ("server_round", 0), ("group_index", 0)):
+                          ("head_epochs", 1), ("server_round", 0), ("group_index", 0), ("local_steps", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"'{_key(name)}' must be an integer >= {low}; found {getattr(self, name)}")
         for name in ("learning_rate", "clip"):
@@ -103,6 +113,9 @@ class TrainConfig:
                 raise ValueError(f"'{_key(name)}' must be a finite number >= 0; found {getattr(self, name)}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"'{keys.MOMENTUM}' must be in [0, 1); found {self.momentum}")
+        if self.local_steps and self.personalization:
+            raise ValueError(f"'{keys.LOCAL_STEPS}' must be 0 with personalization ({self.personalization!r} "
+                             f"trains in '{keys.LOCAL_EPOCHS}' passes); found {self.local_steps}")
         if not 0 <= self.group_sample_rate <= 1:
             raise ValueError(f"'{keys.GROUP_SAMPLE_RATE}' must be in (0, 1] (0: not a group round); "
                              f"found {self.group_sample_rate}")
@@ -135,7 +148,8 @@ _KEYS = {"group_sample_rate": keys.GROUP_SAMPLE_RATE, "group_index": keys.GROUP_
 _REQUIRED = ("num_rounds", "dp_mode", "local_epochs", "batch_size", "learning_rate")
 #: sent only when set: the sections of one method (personalization, GDPFed, PFA+, references)
 _OPTIONAL = ("target_epsilon", "server_round", "budget_reference", "personalization", "head_epochs",
-             "personal_lr_scale", "group_sample_rate", "group_index", "upload_format")
+             "personal_lr_scale", "group_sample_rate", "group_index", "upload_format", "local_steps",
+             "calibration")
 
 
 def _key(name: str) -> str:

@@ -16,7 +16,7 @@ from server.federation import check_federation
 from server.registry import build_strategy, train_config
 from server.results import ResultsWriter, RunSummary
 from protocol.log import route_privet_logs_to_flower
-from tasks.datasets import check_available, load_dataset
+from tasks.datasets import check_available, evaluation_set, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 
 log = logging.getLogger("privet.server")
@@ -61,6 +61,7 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> RunSummary:
              cfg.strategy, cfg.resolved_dp_mode, cfg.num_server_rounds, out)
 
     splits = load_dataset(cfg.dataset, cfg.data_dir or None)
+    evaluation = evaluation_set(splits, cfg.evaluation_split)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, input_shape=tuple(splits.train.x.shape[1:]),
                         num_classes=splits.train.num_classes, seed=cfg.seed)
@@ -70,14 +71,14 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> RunSummary:
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         set_weights(model, arrays.to_numpy_ndarrays())
-        loss, accuracy = evaluate(model, splits.test)
+        loss, accuracy = evaluate(model, evaluation)
         line = {"round": server_round, "accuracy": float(accuracy), "loss": float(loss),
                 "elapsed_seconds": time.perf_counter() - started}
         result = strategy.round_result(server_round) if server_round > 0 else None
         if result is not None:
             line.update(result.to_json())
         writer.write_round(line)
-        log.info("round %d: test accuracy %.4f loss %.4f", server_round, accuracy, loss)
+        log.info("round %d: %s accuracy %.4f loss %.4f", server_round, cfg.evaluation_split, accuracy, loss)
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
 
     try:

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from privacy.accountants import ACCOUNTANTS
-from privacy.budgets import BUDGET_DISTRIBUTIONS, GDPFED_FMNIST_GROUPS
+from privacy.calibration import CALIBRATIONS
+from privacy.budgets import BUDGET_DISTRIBUTIONS, GDPFED_FMNIST_GROUPS, MIXTURE_COMPONENTS
 from privacy.randomness import NOISE_SOURCES
 from protocol import keys
 from protocol.dpfedc import DPFedCConfig  # DP-FedC (issue 14)
@@ -32,6 +33,7 @@ from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig
 from strategies.pfa import PFAConfig
 from strategies.secure_sum import SECURE_AGGREGATION, SecureAggregation
 from protocol.config import kebab, numbers, one_of
+from tasks.datasets import EVALUATION_SPLITS
 from tasks.models import GRAD_SAMPLE_MODES, MODELS
 from tasks.partition import PARTITIONERS
 
@@ -48,6 +50,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "accountant": ACCOUNTANTS,
     "grad_sample_mode": GRAD_SAMPLE_MODES,
     "budget_distribution": ("none", *BUDGET_DISTRIBUTIONS),
+    "budget_components": MIXTURE_COMPONENTS,
+    "evaluation_split": EVALUATION_SPLITS,
+    "calibration": CALIBRATIONS,
     "noise_source": NOISE_SOURCES,
     "client_evaluation": ("off", "on"),
     "secure_aggregation": SECURE_AGGREGATION,
@@ -71,6 +76,7 @@ class RunConfig(BaseModel):
     min_accepted_clients: int = Field(1, ge=1)
     seed: int = 42
     dataset: str = "fashion-mnist"
+    evaluation_split: str = "test"
     data_dir: str = ""
     partitioner: str = "iid"
     dirichlet_alpha: float = Field(0.5, gt=0.0)
@@ -79,6 +85,7 @@ class RunConfig(BaseModel):
     max_epsilon_ratio: float = Field(1000.0, ge=0.0)
     model: str = "cnn"
     local_epochs: int = Field(1, ge=1)
+    local_steps: int = Field(0, ge=0)
     batch_size: int = Field(64, ge=1)
     learning_rate: float = Field(0.05, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
@@ -86,6 +93,7 @@ class RunConfig(BaseModel):
     accountant: str = "prv"
     clip: float = Field(1.0, gt=0.0)
     noise_multiplier: float = Field(0.0, ge=0.0)
+    calibration: str = "accountant"
     noise_shares: int = Field(1, ge=1)
     grad_sample_mode: str = "auto"
     budget_distribution: str = "uniform"
@@ -94,6 +102,7 @@ class RunConfig(BaseModel):
     epsilon_max: float = Field(10.0, gt=0.0)
     budget_groups: tuple[float, ...] = GDPFED_FMNIST_GROUPS
     budget_group_ratio: tuple[int, ...] = (1, 1, 1)
+    budget_components: str = "drawn"
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     run_epsilon: float = Field(0.0, ge=0.0)
     out_dir: str = ""
@@ -162,6 +171,9 @@ class RunConfig(BaseModel):
                 "'dp-mode' = 'none' trains without privacy, which clients with a finite budget "
                 "refuse: also set 'budget-distribution' = 'none'"
             )
+        if self.local_steps and CATALOGUE[self.strategy].epochs_only:
+            raise ValueError(f"'local-steps' must be 0 for '{self.strategy}' (its clients train in 'local-epochs' "
+                             f"passes); found {self.local_steps}")
         paper_dpfedc = self.strategy == "dpfedc" and self.dpfedc.calibration == "paper"  # noise from eps-bar
         if self.strategy == "dpfedc":  # DP-FedC (issue 14)
             if (self.dpfedc.calibration == "none") != (self.resolved_dp_mode == "none"):
@@ -217,14 +229,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"'gdpfed.group-epsilons': the first threshold {self.gdpfed.group_epsilons[0]:g} is "
                              f"above the smallest simulated budget {min(budgets):g}; those clients would be refused")
         plan_groups(cls.variant, self.gdpfed, [(e, self.delta) for e in budgets], self.num_server_rounds,
-                    self.clip, lr=self.learning_rate, local_steps=self.local_epochs)
+                    self.clip, lr=self.learning_rate, local_steps=self.local_steps or self.local_epochs)
 
     @property
     def budget_params(self) -> dict[str, Any]:
         """Keyword arguments of :func:`privacy.budgets.budget_for` for this run's distribution."""
         return {"seed": self.seed, "epsilon": self.epsilon, "epsilon_min": self.epsilon_min,
                 "epsilon_max": self.epsilon_max, "groups": self.budget_groups,
-                "group_ratio": self.budget_group_ratio}
+                "group_ratio": self.budget_group_ratio, "components": self.budget_components}
 
     @property
     def resolved_dp_mode(self) -> str:

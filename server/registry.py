@@ -43,6 +43,8 @@ def train_config(cfg: RunConfig) -> ConfigRecord:
         noise_multiplier=cfg.noise_multiplier,
         noise_shares=cfg.noise_shares,
         local_epochs=cfg.local_epochs,
+        local_steps=cfg.local_steps,
+        calibration=cfg.calibration,
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
         momentum=cfg.momentum,

@@ -351,7 +351,7 @@ class PrivacyAwareFedAvg(FedAvg):
         sigma = cfg.noise_multiplier if cfg.noise_multiplier > 0 else None
         if mode.per_record and cfg.personalization:  # the workload depends on the scheme
             return ExpectedRelease(n, sigma)
-        rate, steps = mode.release(n, cfg.batch_size, cfg.local_epochs)
+        rate, steps = mode.release(n, cfg.batch_size, cfg.local_epochs, cfg.local_steps)
         return ExpectedRelease(n, sigma, rate, steps)
 
     def round_metrics(self, server_round: int) -> dict[str, float]:

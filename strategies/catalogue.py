@@ -38,6 +38,9 @@ class StrategyEntry:
     sums_only : bool
         Its aggregation needs only sums of the clients' updates, so it composes with secure
         aggregation (``secure-aggregation = "secagg+"``).
+    epochs_only : bool
+        Its clients train in whole passes (personalization's phases), so ``local-steps``
+        must stay 0.
     """
 
     target: str
@@ -46,6 +49,7 @@ class StrategyEntry:
     summary: str
     params: str | None = None
     sums_only: bool = False
+    epochs_only: bool = False
 
     @property
     def cls(self) -> Any:
@@ -88,9 +92,9 @@ CATALOGUE: Final[dict[str, StrategyEntry]] = {
     "fedceo": StrategyEntry("strategies.fedceo:FedCEO", keys.DP_UPDATE, "fedceo",
                             "FedCEO: tensor low-rank smoothing of the clients' models"),
     "ppsgd": StrategyEntry("strategies.personalized:PPSGD", keys.DP_UPDATE, None,
-                           "PPSGD: a shared and a personal model per client"),
+                           "PPSGD: a shared and a personal model per client", epochs_only=True),
     "centaur": StrategyEntry("strategies.personalized:CENTAUR", keys.DP_UPDATE, None,
-                             "CENTAUR: shared body, personal head"),
+                             "CENTAUR: shared body, personal head", epochs_only=True),
     "dp-fedavg": _gdpfed("DPFedAvg", "GDPFed's DP-FedAvg: one group at the strictest budget, plain mean"),
     "gdpfed": _gdpfed("GDPFed", "GDPFed: budget groups, per-group sigma_m, reweighted group sums"),
     "gdpfed-op": _gdpfed("GDPFedOp", "GDPFed with the optimal per-group sampling rates (Problem 1)"),

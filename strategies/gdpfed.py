@@ -362,7 +362,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
         """S_m^t: r_m clients of each group, uniformly without replacement, from a CSPRNG."""
         if self.plan is None:
             cfg = TrainConfig.decode(self._pending_config)
-            self._make_plan(cfg.num_rounds, cfg.clip, cfg.learning_rate, cfg.local_epochs)
+            self._make_plan(cfg.num_rounds, cfg.clip, cfg.learning_rate, cfg.local_steps or cfg.local_epochs)
         assert self.plan is not None
         for node in eligible:  # nodes registered after the plan (deployment): their group
             if node not in self.group_of:

@@ -398,6 +398,7 @@ def train_plain(
     lr: float,
     momentum: float,
     seed: int,
+    steps: int = 0,
 ) -> dict[str, float]:
     """Non-private local training: SGD with momentum on cross-entropy, in place.
 
@@ -419,15 +420,18 @@ def train_plain(
         In [0, 1).
     seed : int
         Seed for shuffling and dropout.
+    steps : int
+        If > 0, exactly this many mini-batch steps (τ), walking through as many shuffled
+        passes as that takes and stopping mid-pass; ``epochs`` is then ignored.
 
     Returns
     -------
     dict
         ``{"train-loss": mean loss over all examples seen, "local-steps": steps}``.
     """
-    for key, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise ValueError(f"{key} must be an int >= 1; found {value!r}")
+    for key, value, low in (("epochs", epochs, 1), ("batch_size", batch_size, 1), ("steps", steps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            raise ValueError(f"{key} must be an int >= {low}; found {value!r}")
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0; found {lr!r}")
     if not 0 <= momentum < 1:
@@ -438,11 +442,15 @@ def train_plain(
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed)
     model.train()
-    total_loss, seen, steps = 0.0, 0, 0
+    batches_per_pass = -(-len(data) // batch_size)
+    total = int(steps) if steps > 0 else epochs * batches_per_pass
+    total_loss, seen, taken = 0.0, 0, 0
     with seeded_torch(seed, device):
-        for _ in range(epochs):
+        while taken < total:
             order = torch.randperm(len(data), generator=generator).numpy()
             for start in range(0, len(data), batch_size):
+                if taken == total:
+                    break
                 x, y = _batch(data, order[start : start + batch_size], device)
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(x), y)
@@ -450,5 +458,5 @@ def train_plain(
                 optimizer.step()
                 total_loss += float(loss.detach()) * len(y)
                 seen += len(y)
-                steps += 1
-    return {TRAIN_LOSS_KEY: total_loss / seen, LOCAL_STEPS_KEY: steps}
+                taken += 1
+    return {TRAIN_LOSS_KEY: total_loss / seen, LOCAL_STEPS_KEY: taken}

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from tasks.datasets import ArrayDataset, DatasetSplits
+from tasks.datasets import ArrayDataset, DatasetSplits, training_pool
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,7 @@ def client_data(
     shards_per_client: int = 2,
     seed: int = 42,
     max_examples: int = 0,
+    evaluation_split: str = "test",
 ) -> ArrayDataset:
     """One client's training data (a writable copy).
 
@@ -302,6 +303,9 @@ def client_data(
     max_examples : int
         If > 0, keep only the first ``max_examples`` of the partition (its order is
         already a seeded shuffle, so this is a deterministic random subset).
+    evaluation_split : str
+        ``"validation"`` partitions only the training examples outside the validation
+        split (:func:`tasks.datasets.training_pool`); ``"test"``: all of them.
 
     Returns
     -------
@@ -310,8 +314,9 @@ def client_data(
     """
     if isinstance(max_examples, bool) or max_examples < 0:
         raise ValueError(f"max_examples must be an int >= 0 (0 = no limit); found {max_examples!r}")
+    pool = training_pool(splits, evaluation_split)
     indices = partition_indices(
-        splits.train.y,
+        splits.train.y[pool],
         num_partitions,
         partition_id,
         method=method,
@@ -321,7 +326,7 @@ def client_data(
     )
     if max_examples > 0:
         indices = indices[:max_examples]
-    return splits.train.subset(indices)
+    return splits.train.subset(pool[indices])
 
 
 def clear_cache() -> None:

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key for every run")
-    parser.add_argument("--out", type=Path, default=HERE / "results.md")
+    parser.add_argument("--out", type=Path, default=HERE / "results.md",
+                        help="the markdown table; runs.jsonl (every run's record) goes beside it")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     return parser.parse_args()
 
 
@@ -120,13 +123,34 @@ def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     summary = run_experiment(grid, cfg, run_id=1)
     logging.getLogger("privet").setLevel(logging.WARNING)
     with open(Path(cfg["out-dir"]) / "rounds.jsonl") as fh:
-        accuracies = [json.loads(line)["accuracy"] for line in fh]
+        rows = [json.loads(line) for line in fh]
+    accuracies = [row["accuracy"] for row in rows]
     return {
         "final_accuracy": summary["final_accuracy"],
         "last3_accuracy": statistics.fmean(accuracies[-3:]),
+        "last10_accuracy": statistics.fmean(accuracies[-10:]),
+        "accuracies": accuracies,
+        "fallback_rounds": sum(1 for row in rows if row.get("pfa-fallback-weiavg")),
         "within_budget": all(c["within_budget"] for c in summary["clients"]),
         "seconds": time.perf_counter() - started,
     }
+
+
+def run_job(job: tuple[str, str, int, list[str], str]) -> dict[str, Any]:
+    """One (setting, method, seed) run in a worker process; returns its ``runs.jsonl`` record."""
+    import torch
+
+    # One intra-op thread: on a small, shared CPU torch's thread pool spins and makes
+    # the tiny per-client steps tens of times slower; results do not change.
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    setting, method, seed, sets, out_dir = job
+    cfg = run_config(setting, method, seed, sets, out_dir)
+    result = run_one(cfg)
+    with open(HERE / f"{setting}.toml", "rb") as fh:
+        budgets = tomllib.load(fh)["budget-distribution"]
+    return {"setting": setting, "sets": sorted(sets), "method": method, "seed": seed,
+            "config": {**cfg, "setting-budgets": budgets}, **result}
 
 
 def _group_key(record: dict[str, Any]) -> tuple[str, str]:
@@ -184,30 +208,21 @@ def render(records: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     args = parse_args()
-    import torch
-
-    # One intra-op thread: on a small, shared CPU torch's thread pool spins and makes
-    # the tiny per-client steps tens of times slower; results do not change.
-    torch.set_num_threads(1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     raw = args.out.with_name("runs.jsonl")
     records = [json.loads(line) for line in raw.read_text().splitlines()] if raw.exists() else []
     with tempfile.TemporaryDirectory(prefix="pfa-repro-") as tmp:
-        for setting in args.settings:
-            for method in args.methods:
-                for seed in args.seeds:
-                    cfg = run_config(setting, method, seed, args.set, f"{tmp}/{setting}-{method}-{seed}")
-                    result = run_one(cfg)
-                    with open(HERE / f"{setting}.toml", "rb") as fh:
-                        budgets = tomllib.load(fh)["budget-distribution"]
-                    record = {"setting": setting, "sets": sorted(args.set), "method": method, "seed": seed,
-                              "config": {**cfg, "setting-budgets": budgets}, **result}
-                    records = [r for r in records if (_group_key(r), r["method"], r["seed"])
-                               != (_group_key(record), method, seed)] + [record]
-                    with open(raw, "w") as fh:
-                        fh.writelines(json.dumps(r) + "\n" for r in records)
-                    print(f"{setting} {method} seed {seed}: final {result['final_accuracy']:.4f} "
-                          f"({result['seconds']:.0f} s)", flush=True)
-                    args.out.write_text(render(records))
+        jobs = [(setting, method, seed, list(args.set), f"{tmp}/{setting}-{method}-{seed}")
+                for setting in args.settings for method in args.methods for seed in args.seeds]
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for record in pool.map(run_job, jobs):
+                records = [r for r in records if (_group_key(r), r["method"], r["seed"])
+                           != (_group_key(record), record["method"], record["seed"])] + [record]
+                with open(raw, "w") as fh:
+                    fh.writelines(json.dumps(r) + "\n" for r in records)
+                print(f"{record['setting']} {' '.join(record['sets'])} {record['method']} seed {record['seed']}: "
+                      f"final {record['final_accuracy']:.4f} ({record['seconds']:.0f} s)", flush=True)
+                args.out.write_text(render(records))
     args.out.write_text(render(records))
     print(args.out.read_text())
     return 0
