@@ -52,7 +52,7 @@ NOISE = (
 
 ROUND_START = re.compile(r"round (\d+): sampled clients \[(.*?)\]")
 CLIENT_DONE = re.compile(r"client (\S+) round (\d+) mode=")
-ROUND_DONE = re.compile(r"round (\d+): test accuracy ([\d.]+)")
+ROUND_DONE = re.compile(r"round (\d+): (?:test|validation) accuracy ([\d.]+)")
 EPS_ROUND = re.compile(r"'max-epsilon-spent': ([\d.eE+-]+|inf)")
 #: How many recent lines a repeated one is compared with.
 DEDUP_WINDOW = 4

@@ -59,6 +59,7 @@ class RunSummary(TypedDict):
     strategy: str
     dp_mode: str
     dataset: str
+    evaluation_split: str
     model: str
     rounds: int
     rounds_completed: int
@@ -212,6 +213,7 @@ def build_summary(
         "strategy": cfg.strategy,
         "dp_mode": mode,
         "dataset": cfg.dataset,
+        "evaluation_split": cfg.evaluation_split,
         "model": cfg.model,
         "rounds": cfg.num_server_rounds,
         "rounds_completed": max((r["round"] for r in rounds), default=0),
@@ -255,7 +257,7 @@ def format_privacy_report(summary: RunSummary) -> str:
         f"{summary['rounds_completed']}/{summary['rounds']} rounds, accountant {summary['accountant']}, "
         f"clip {summary['clip']}, noise multiplier {summary['noise_multiplier']}.",
         f"Run status: {summary.get('status', 'completed')}.",
-        f"Final test accuracy: {summary['final_accuracy']}"
+        f"Final {summary.get('evaluation_split', 'test')} accuracy: {summary['final_accuracy']}"
         + (f"; clients' personal models: {summary['final_personalized_accuracy']}"
            if summary.get("final_personalized_accuracy") is not None else ""),
         "",

@@ -19,6 +19,7 @@ from client.personalization import dpsgd_workload, train_personalized
 from client.training import LocalTrainingConfig, poisson_batches, train_dpsgd
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
+from privacy.dp_modes import dp_mode
 from privacy.randomness import OSEntropyNoise
 from protocol import keys
 from protocol.train_config import TrainConfig
@@ -119,3 +120,24 @@ def test_the_charged_plan_is_what_trains_where_opacus_and_the_plan_used_to_diffe
     metrics, steps = train_dpsgd(model, _data(371), cfg, clip=1.0, noise_multiplier=1.0, noise=OSEntropyNoise(),
                                  grad_sample_mode="hooks")
     assert steps == [(1.0, 1 / 93, 93)] and metrics["local-steps"] == 93.0
+
+
+@pytest.mark.parametrize("tau", [1, 5, 13])
+def test_local_steps_takes_and_charges_exactly_tau_steps_at_the_same_q(tau):
+    """τ = ``local-steps`` replaces E·⌈n/B⌉ (here 2·4 = 8): τ steps are taken, at q = 1/⌈n/B⌉."""
+    model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    cfg = LocalTrainingConfig(epochs=2, batch_size=4, learning_rate=0.1, momentum=0.0, seed=1, steps=tau)
+    metrics, steps = train_dpsgd(model, _data(16), cfg, clip=1.0, noise_multiplier=1.0, noise=OSEntropyNoise(),
+                                 grad_sample_mode="hooks")
+    assert steps == [(1.0, 0.25, tau)] and metrics["local-steps"] == float(tau)
+    planned = dp_mode(keys.DP_SGD).release(16, 4, 2, tau)
+    assert planned == (0.25, tau)
+
+
+@pytest.mark.parametrize(("tau", "n", "batch"), [(1, 16, 4), (5, 16, 4), (9, 10, 3)])
+def test_plain_local_steps_stop_mid_pass_and_walk_on_across_passes(tau, n, batch):
+    from tasks.models import train_plain
+
+    model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    metrics = train_plain(model, _data(n), epochs=7, batch_size=batch, lr=0.1, momentum=0.0, seed=1, steps=tau)
+    assert metrics["local-steps"] == tau

@@ -228,3 +228,39 @@ def test_a_budget_reference_is_for_simulation_only() -> None:
     assert resolve_profile(simulated, run, "maximum").epsilon_budget == max(everyone)
     with pytest.raises(ValueError, match="'budget-reference' must be one of minimum, maximum"):
         simulated_budget(run, 0, 4, reference="everything")
+
+
+@pytest.mark.parametrize("num_clients", [7, 20, 30, 101])
+@pytest.mark.parametrize("distribution", ["mixgauss1", "mixgauss3", "mixgauss4"])
+def test_exact_components_give_every_seed_the_same_count_per_component(distribution, num_clients):
+    """Under ``components="exact"`` component k holds ⌈n·W_k⌉ − ⌈n·W_{k−1}⌉ clients on every
+    seed (the PFA authors' draw makes it binomial: 0 high-ε clients on some seeds)."""
+    from privacy.budgets import MIXTURES
+
+    components = MIXTURES[distribution]
+    cumulative = np.cumsum([round(100 * w) for w, _, _ in components])
+    expected = np.diff([0, *(-(-num_clients * c // cumulative[-1]) for c in cumulative)])
+
+    def component(eps: float) -> int:  # the nearest mean, in units of its std
+        return int(np.argmin([abs(eps - mean) / std for _, mean, std in components]))
+
+    drawn_counts = set()
+    for seed in range(12):
+        exact = budgets_for(distribution, num_clients, seed=seed, components="exact")
+        counts = np.bincount([component(e) for e in exact], minlength=len(components))
+        assert counts.tolist() == expected.tolist(), seed
+        drawn = budgets_for(distribution, num_clients, seed=seed)
+        drawn_counts.add(tuple(np.bincount([component(e) for e in drawn], minlength=len(components))))
+    assert len(drawn_counts) > 1  # the default draw does vary the counts
+
+
+def test_exact_components_are_a_permutation_of_the_ids_not_the_first_ids():
+    high = [{i for i, e in enumerate(budgets_for("mixgauss1", 20, seed=s, components="exact")) if e > 5}
+            for s in range(6)]
+    assert all(len(h) == 2 for h in high) and len({frozenset(h) for h in high}) > 1
+
+
+def test_the_default_draw_is_unchanged_by_the_components_option():
+    assert budgets_for("mixgauss1", 30, seed=5) == budgets_for("mixgauss1", 30, seed=5, components="drawn")
+    with pytest.raises(ValueError, match="components must be one of"):
+        budgets_for("mixgauss1", 30, seed=5, components="fixed")

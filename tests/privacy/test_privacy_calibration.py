@@ -138,3 +138,25 @@ def test_epsilon_for() -> None:
     with pytest.raises(ValueError, match="steps"):
         epsilon_for(1.0, DELTA, 0.1, 0)
     assert MAX_SIGMA == 1e6
+
+
+def test_pfa_closed_form_is_the_authors_formula():
+    """The authors' ``10 * q * sqrt(T * -log10(delta)) / eps``, computed by hand: q = 4/1200,
+    T = 8000, δ = 1e-5: 10 · (1/300) · √(8000·5) / 0.1 = 200/3."""
+    from privacy.calibration import pfa_closed_form_sigma
+
+    assert pfa_closed_form_sigma(0.1, 1e-5, 4 / 1200, 8000) == pytest.approx(200 / 3, rel=1e-12)
+    assert pfa_closed_form_sigma(10.0, 1e-5, 4 / 1200, 8000) == pytest.approx(2 / 3, rel=1e-12)
+    with pytest.raises(ValueError, match="epsilon"):
+        pfa_closed_form_sigma(0.0, 1e-5, 0.01, 10)
+
+
+def test_pfa_closed_form_over_noises_small_budgets_and_not_every_large_one():
+    """Notes pfa.md §1.5: at ε = 0.1 the closed form is several times the σ the accountant
+    needs; at ε = 10 it is below it, which is why plan_round takes the larger of the two."""
+    from privacy.calibration import noise_multiplier_for, pfa_closed_form_sigma
+
+    q, steps = 4 / 1200, 5000
+    small = pfa_closed_form_sigma(0.1, 1e-5, q, steps) / noise_multiplier_for(0.1, 1e-5, q, steps, accountant="rdp")
+    large = pfa_closed_form_sigma(10.0, 1e-5, q, steps) / noise_multiplier_for(10.0, 1e-5, q, steps, accountant="rdp")
+    assert small > 3 and large < 1

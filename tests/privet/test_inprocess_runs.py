@@ -227,3 +227,47 @@ def test_round_rows_hold_the_sampled_clients_and_statistics_over_everyone(run_co
         assert row["epsilon_spent_max"] == pytest.approx(max(spent_now.values()))
         assert row["epsilon_spent_mean"] == pytest.approx(sum(spent_now.values()) / 12)
     assert spent_now == pytest.approx({c["client_id"]: c["epsilon_spent"] for c in summary["clients"]})
+
+
+def test_local_steps_are_what_the_ledger_charges_and_dp_accounting_agrees(run_config_factory):
+    """``local-steps`` = τ = 3 at n = 256, B = 32 (q = 1/8; an epoch would be 8 steps): every
+    client's ledger holds exactly 3 steps (σ, 1/8) per round joined, the server's recomputation
+    agrees, and Google's dp_accounting bounds the same ε."""
+    from client.ledger_store import STATE_KEY
+    from privacy.ledger import PrivacyLedger
+
+    cfg = run_config_factory(local_steps=3, noise_multiplier=1.0, budget_distribution="constant", epsilon=50.0)
+    grid = InProcessGrid(client_app, simulation_node_configs(3), cfg)
+    summary = run_experiment(grid, cfg, run_id=1)
+    for c in summary["clients"]:
+        assert c["epsilon_server_recomputed_this_run"] == pytest.approx(c["epsilon_spent"], rel=1e-6)
+    for ctx in grid.contexts.values():
+        ledger = PrivacyLedger.from_json(str(ctx.state[STATE_KEY]["json"]))
+        assert {(s, q) for s, q, _ in ledger.history} == {(1.0, 1 / 8)}
+        assert sum(count for _, _, count in ledger.history) == 3 * 2  # 2 rounds of τ = 3 (merged)
+        independent = _dp_accounting_epsilon(ledger.history, ledger.delta)
+        assert independent <= ledger.spent() <= independent * 1.01
+
+
+def test_validation_runs_evaluate_on_the_validation_split(run_config_factory):
+    cfg = run_config_factory(evaluation_split="validation", num_server_rounds=1)
+    summary = run_experiment(InProcessGrid(client_app, simulation_node_configs(3), cfg), cfg, run_id=1)
+    assert summary["evaluation_split"] == "validation"
+    report = (Path(cfg["out-dir"]) / "privacy_report.md").read_text()
+    assert "Final validation accuracy" in report
+
+
+def test_pfa_closed_form_adds_more_noise_and_charges_the_true_epsilon(run_config_factory):
+    """At ε = 0.3 the authors' σ is above the accountant's: each client then spends less than
+    its budget, and exactly what its ledger's σ costs (the server recomputes the same ε)."""
+    spent = {}
+    for calibration in ("accountant", "pfa-closed-form"):
+        cfg = run_config_factory(calibration=calibration, budget_distribution="constant", epsilon=0.3,
+                                 out_dir=str(Path(run_config_factory()["out-dir"]) / calibration))
+        summary = run_experiment(InProcessGrid(client_app, simulation_node_configs(3), cfg), cfg, run_id=1)
+        for c in summary["clients"]:
+            assert c["within_budget"] and c["epsilon_server_recomputed_this_run"] == pytest.approx(
+                c["epsilon_spent"], rel=1e-6)
+        spent[calibration] = max(c["epsilon_spent"] for c in summary["clients"])
+    assert spent["accountant"] > 0.9 * 0.3
+    assert spent["pfa-closed-form"] < 0.5 * spent["accountant"]

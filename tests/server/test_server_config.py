@@ -24,6 +24,10 @@ def test_the_embedded_default_is_valid_and_heterogeneous():
         ("dp-mode", "central", ["'dp-mode'", "dpsgd", "update"]),
         ("accountant", "gdp", ["'accountant'", "rdp", "prv"]),
         ("budget-distribution", "zipf", ["'budget-distribution'", "mixgauss1"]),
+        ("budget-components", "fixed", ["'budget-components'", "drawn", "exact"]),
+        ("evaluation-split", "train", ["'evaluation-split'", "test", "validation"]),
+        ("calibration", "closed-form", ["'calibration'", "accountant", "pfa-closed-form"]),
+        ("local-steps", -1, ["'local-steps'", "greater than or equal to 0"]),
         ("dataset", "imagenet", ["'dataset'", "fashion-mnist", "hf:"]),
         ("num-server-rounds", 0, ["'num-server-rounds'", "greater than or equal to 1"]),
         ("fraction-train", 1.5, ["'fraction-train'", "less than or equal to 1"]),
@@ -78,3 +82,11 @@ def test_unknown_key_in_a_method_section_lists_that_sections_keys():
         RunConfig.from_flower({**app_defaults(), "pfa.kk": 1})
     assert "'pfa.kk'" in str(err.value) and "pfa.k," in str(err.value)
     assert "num-server-rounds" not in str(err.value)
+
+
+@pytest.mark.parametrize("strategy", ["ppsgd", "centaur"])
+def test_local_steps_is_refused_where_clients_train_in_whole_passes(strategy):
+    with pytest.raises(ConfigError, match="'local-steps' must be 0 for '" + strategy):
+        RunConfig.from_flower({**app_defaults(), "strategy": strategy, "local-steps": 100,
+                               "budget-distribution": "constant"})
+    assert RunConfig.from_flower({**app_defaults(), "strategy": "pfa", "local-steps": 100}).local_steps == 100

@@ -165,3 +165,29 @@ def test_iid_fast_path_equals_flowers_iid_partitioner(size: int, n: int, seed: i
     for pid in sorted({0, 1, n // 2, n - 1}):
         expected = np.asarray(flower.load_partition(pid)[INDEX_COLUMN].to_numpy(), dtype=np.int64)
         np.testing.assert_array_equal(partition_indices(labels, n, pid, method="iid", seed=seed), expected)
+
+
+@pytest.mark.parametrize("method", ["iid", "shards"])
+def test_no_client_holds_a_validation_example(method):
+    """Under ``evaluation-split = "validation"`` the clients partition the rest of the training
+    split: the union of every partition misses the validation examples, which the server
+    evaluates on (⌈n/6⌉ of them, the same for every run seed)."""
+    from tasks.datasets import DatasetSplits, evaluation_set, validation_mask
+
+    n = 600
+    rng = np.random.default_rng(3)
+    x = np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1)  # each image holds its own index
+    train = ArrayDataset(x, rng.integers(0, 10, n).astype(np.int64), 10, "indexed")
+    splits = DatasetSplits(train, ArrayDataset(x[:10], train.y[:10], 10, "test"))
+    held = set(np.flatnonzero(validation_mask(n)))
+    assert len(held) == n // 6
+    evaluated = evaluation_set(splits, "validation")
+    assert {int(v) for v in evaluated.x.ravel()} == held and evaluated.name == "indexed-validation"
+    assert evaluation_set(splits, "test") is splits.test
+    for seed in (1, 2):
+        held_by_clients = [int(v) for p in range(6) for v in client_data(
+            splits, p, 6, method=method, seed=seed, shards_per_client=2, evaluation_split="validation").x.ravel()]
+        assert len(held_by_clients) == len(set(held_by_clients))
+        # IID hands out the whole pool; Flower's shards drop the remainder of n' / (6·2) shards
+        assert n - len(held) - (0 if method == "iid" else 6 * 2) <= len(held_by_clients) <= n - len(held)
+        assert not held & set(held_by_clients)
