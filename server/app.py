@@ -78,6 +78,9 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> RunSummary:
         if result is not None:
             line.update(result.to_json())
         writer.write_round(line)
+        if server_round == cfg.num_server_rounds or server_round in cfg.checkpoint_rounds:
+            writer.save_model(server_round, {name: array.numpy() for name, array in arrays.items()},
+                              final=server_round == cfg.num_server_rounds)
         log.info("round %d: %s accuracy %.4f loss %.4f", server_round, cfg.evaluation_split, accuracy, loss)
         return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
 

@@ -106,6 +106,7 @@ class RunConfig(BaseModel):
     delta: float = Field(1e-5, gt=0.0, lt=1.0)
     run_epsilon: float = Field(0.0, ge=0.0)
     out_dir: str = ""
+    checkpoint_rounds: tuple[int, ...] = ()
     round_timeout: float = Field(3600.0, gt=0.0)
     # What simulated clients honour (a deployed client takes these from its node config):
     noise_source: str = "csprng"
@@ -142,6 +143,15 @@ class RunConfig(BaseModel):
             raise ValueError(f"'budget-group-ratio' must be whole numbers >= 1 (relative group sizes, e.g. "
                              f"\"1, 4, 1\"); found {v!r}")
         return tuple(int(r) for r in v)
+
+    @field_validator("checkpoint_rounds", mode="before")
+    @classmethod
+    def _checkpoint_rounds(cls, v: Any) -> Any:
+        v = (numbers("checkpoint-rounds", v) if v.strip() else ()) if isinstance(v, str) else v
+        if not all(isinstance(r, (int, float)) and float(r).is_integer() and r >= 0 for r in v):
+            raise ValueError(f"'checkpoint-rounds' must be round numbers >= 0, e.g. \"10, 50\" (\"\": none); "
+                             f"found {v!r}")
+        return tuple(sorted({int(r) for r in v}))
 
     @field_validator("dataset")
     @classmethod

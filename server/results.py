@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+import numpy as np
+
 from privacy.accountants import REPLACE_ONE, exceeds_budget
 from privacy.dp_modes import DP_MODES
 from server.config import RunConfig
@@ -108,6 +110,17 @@ class ResultsWriter:
         self.rounds.append(line)
         with open(self.out / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(_jsonable(line)) + "\n")
+
+    def save_model(self, server_round: int, weights: dict[str, np.ndarray], final: bool = False) -> None:
+        """The global model after ``server_round``: ``model-round-<r>.npz`` (``checkpoint-rounds``),
+        and ``model.npz`` for the last round (arrays named as the model's ``state_dict``)."""
+        names = (["model.npz"] if final else []) + (
+            [f"model-round-{server_round:04d}.npz"] if server_round in self.cfg.checkpoint_rounds else [])
+        for name in names:
+            tmp = self.out / f".{name}"
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **weights)  # type: ignore[arg-type]  # numpy stubs read a name as allow_pickle
+            os.replace(tmp, self.out / name)
 
     def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> RunSummary:
         """Write summary, privacy report and plot; ``status`` says how the run ended."""

@@ -271,3 +271,26 @@ def test_pfa_closed_form_adds_more_noise_and_charges_the_true_epsilon(run_config
         spent[calibration] = max(c["epsilon_spent"] for c in summary["clients"])
     assert spent["accountant"] > 0.9 * 0.3
     assert spent["pfa-closed-form"] < 0.5 * spent["accountant"]
+
+
+def test_the_saved_model_is_the_one_whose_accuracy_the_run_reports(run_config_factory):
+    """``model.npz`` loaded into a fresh model and evaluated here gives the final accuracy the
+    run reported; ``checkpoint-rounds`` adds the models after those rounds (0: the initial one)."""
+    from tasks.datasets import load_dataset
+    from tasks.models import build_model, evaluate, set_weights, weight_names
+
+    cfg = run_config_factory(checkpoint_rounds="0, 1")
+    summary = run_experiment(InProcessGrid(client_app, simulation_node_configs(3), cfg), cfg, run_id=1)
+    out = Path(cfg["out-dir"])
+    assert sorted(p.name for p in out.glob("model*.npz")) == ["model-round-0000.npz", "model-round-0001.npz",
+                                                                 "model.npz"]
+    splits = load_dataset("fashion-mnist")
+    model = build_model("logreg", input_shape=tuple(splits.train.x.shape[1:]), num_classes=10)
+    accuracies = []
+    for name in ("model-round-0000.npz", "model.npz"):
+        with np.load(out / name) as saved:
+            assert list(saved.keys()) == weight_names(model)
+            set_weights(model, [saved[k] for k in weight_names(model)])
+        accuracies.append(evaluate(model, splits.test)[1])
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert accuracies == pytest.approx([rounds[0]["accuracy"], summary["final_accuracy"]], abs=1e-9)

@@ -28,6 +28,8 @@ def test_the_embedded_default_is_valid_and_heterogeneous():
         ("evaluation-split", "train", ["'evaluation-split'", "test", "validation"]),
         ("calibration", "closed-form", ["'calibration'", "accountant", "pfa-closed-form"]),
         ("local-steps", -1, ["'local-steps'", "greater than or equal to 0"]),
+        ("checkpoint-rounds", "ten", ["'checkpoint-rounds'"]),
+        ("checkpoint-rounds", "1.5", ["'checkpoint-rounds'", "round numbers"]),
         ("dataset", "imagenet", ["'dataset'", "fashion-mnist", "hf:"]),
         ("num-server-rounds", 0, ["'num-server-rounds'", "greater than or equal to 1"]),
         ("fraction-train", 1.5, ["'fraction-train'", "less than or equal to 1"]),
