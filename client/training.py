@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privacy.accountants import Step
+from privacy.accountants import Step, import_opacus
 from privacy.mechanisms import (
     dpsgd_sample_rate,
     dpsgd_steps_per_round,
@@ -138,7 +138,8 @@ def train_dpsgd(
     ``epochs × ⌈n/B⌉`` steps (τ = ``cfg.steps`` when > 0) are taken at q = 1/⌈n/B⌉ and
     charged as such, the same figures the round was planned and checked with.
     """
-    from opacus import PrivacyEngine  # heavy import, only where used
+    import_opacus()  # heavy, only where used; without Opacus' root log handler
+    from opacus import PrivacyEngine
 
     n = len(data)
     rate = dpsgd_sample_rate(n, cfg.batch_size)

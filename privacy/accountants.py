@@ -117,9 +117,29 @@ PRV_MAX_EPSILON = 50.0
 BUDGET_RTOL = 1e-9
 
 
+def import_opacus() -> ModuleType:
+    """``opacus``, imported without the stderr handler it would put on the root logger.
+
+    Opacus 1.6 calls ``logging.basicConfig`` when it is imported, which prints every Flower
+    line a second time (Flower's logger propagates to the root). ``basicConfig`` does nothing
+    while the root logger has a handler, so one is held there for the import only. Imported
+    lazily (torch, scipy and Opacus cost seconds), so a message that needs no accounting or
+    DP-SGD (a budget query) never pays for it.
+    """
+    root = logging.getLogger()
+    placeholder = logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        import opacus
+    finally:
+        root.removeHandler(placeholder)
+    return opacus
+
+
 def _opacus_accountants() -> ModuleType:
     """``opacus.accountants``, imported lazily: it pulls in torch, which only accounting needs."""
     try:
+        import_opacus()
         import opacus.accountants
         import opacus.accountants.analysis.rdp
     except ImportError as exc:  # pragma: no cover - opacus is a hard dependency

@@ -16,14 +16,15 @@ OPACUS_ROOT_FORMAT = "%(asctime)s:%(levelname)s:%(message)s"
 
 
 def drop_opacus_root_handler() -> None:
-    """Remove the stderr handler Opacus puts on the root logger when it is imported.
+    """Remove the stderr handler Opacus puts on the root logger if something imported it first.
 
     Opacus 1.6 calls ``logging.basicConfig`` at import time; Flower's ``flwr`` logger propagates
     to the root logger, so every Flower line was printed twice, once as
-    ``11/24/2026 21:27:25:INFO:...``. Only that handler goes; the application's own stay.
+    ``11/24/2026 21:27:25:INFO:...``. privet imports Opacus through
+    :func:`privacy.accountants.import_opacus`, which keeps the handler from being added (and
+    lets a message that needs no DP skip the import); this removes one that another import
+    added. Only that handler goes; the application's own stay.
     """
-    import opacus  # noqa: F401 - its import is what adds the handler
-
     root = logging.getLogger()
     for handler in list(root.handlers):
         if type(handler) is logging.StreamHandler and getattr(handler.formatter, "_fmt", None) == OPACUS_ROOT_FORMAT:

@@ -169,7 +169,9 @@ def precondition(out: Path, sets: list[str]) -> dict[str, Any]:
             check["rounds"][r] = spectrum_report(path)
     best = [row["ratio"] for rows in check["rounds"].values() for row in rows]
     check["passes"] = bool(best) and max(best) >= CLEARLY_ABOVE
-    (out / "precondition.json").write_text(json.dumps(check, indent=1))
+    checks = load_checks(out)
+    checks[key] = check
+    (out / "precondition.json").write_text(json.dumps(checks, indent=1))
     for r, rows in check["rounds"].items():
         for row in rows:
             print(f"round {r} {row['layer']} {row['shape']}: top {row['top'][0]:.3f} edge {row['edge']:.3f} "
@@ -180,10 +182,19 @@ def precondition(out: Path, sets: list[str]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- tuning and runs
 
-def lambda_star(out: Path) -> float:
-    """λ* = 1/(2·K·edge): thr(I)/K = ϑ/(2λK) then sits at the bulk edge of the layer that
-    passed the precondition best, at the first checked round."""
-    check = json.loads((out / "precondition.json").read_text())
+def load_checks(out: Path) -> dict[str, Any]:
+    """Every precondition check run into ``out`` (``precondition.json``), by run key."""
+    path = out / "precondition.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def lambda_star(out: Path, sets: list[str]) -> float:
+    """λ* = 1/(2·K·edge): thr(I)/K = ϑ/(2λK) then sits at the bulk edge of the layer with the
+    largest top/edge ratio at the first checked round, in the check run with the same ``--set``."""
+    key = "precondition/" + ",".join(sorted(sets))
+    check = load_checks(out).get(key)
+    if check is None:
+        raise SystemExit(f"no precondition check for {key} in {out}: run `fair.py precondition` with the same --set")
     first = check["rounds"][str(CHECK_ROUNDS[0])]
     edge = max(first, key=lambda row: row["ratio"])["edge"]
     cfg = base_config([])
@@ -192,7 +203,7 @@ def lambda_star(out: Path) -> float:
 
 
 def tune(out: Path, sets: list[str], workers: int) -> None:
-    star = lambda_star(out)
+    star = lambda_star(out, sets)
     jobs = [(f"tune/udp-fedavg/{','.join(sorted(sets))}",
              base_config(sets + ["strategy=udp-fedavg", f"seed={TUNE_SEED}", "evaluation-split=validation"]))]
     for factor in LAMBDA_FACTORS:
@@ -244,9 +255,9 @@ def report(out: Path) -> str:
               f"{cfg['batch-size']} on {cfg['max-examples-per-client']} examples, lr {cfg['learning-rate']} (momentum "
               f"{cfg['momentum']}), per-example DP-SGD at σ_g = {cfg['noise-multiplier']}, C = {cfg['clip']}, "
               f"I = {cfg['fedceo.interval']}.", ""]
-    if (out / "precondition.json").exists():
-        check = json.loads((out / "precondition.json").read_text())
-        lines += ["## Precondition: singular values above the noise bulk (UDP-FedAvg, validation run)", "",
+    for key, check in load_checks(out).items():
+        lines += [f"## Precondition: singular values above the noise bulk (UDP-FedAvg, validation run `{key}`, "
+                  f"E = {check['local-epochs']})", "",
                   "| round | layer | shape | top 3 singular values | bulk edge (median-based) | top / edge | "
                   "above the edge |", "|---:|---|---|---|---:|---:|---:|"]
         for r, rows in check["rounds"].items():

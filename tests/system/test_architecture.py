@@ -130,3 +130,26 @@ def test_no_dp_mode_ladder_outside_the_registry():
                     if isinstance(side, ast.Attribute) and side.attr in ("DP_SGD", "DP_UPDATE", "DP_NONE"):
                         found.append(f"{name}:{node.lineno}")
     assert not found, found
+
+
+def test_a_clientapp_process_imports_opacus_only_when_a_message_needs_it():
+    """Each deployed message runs in a fresh process: importing the ClientApp must not pay for
+    Opacus (≈ 1.4 s, most of it torch.distributed and scipy), and importing Opacus through
+    ``import_opacus`` leaves no handler on the root logger (Opacus' ``basicConfig``, which
+    printed every Flower line twice)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import logging, sys\n"
+        "import client.app\n"
+        "assert 'opacus' not in sys.modules, 'client.app imported opacus'\n"
+        "before = list(logging.getLogger().handlers)\n"
+        "from privacy.accountants import import_opacus\n"
+        "import_opacus()\n"
+        "assert 'opacus' in sys.modules\n"
+        "assert logging.getLogger().handlers == before, logging.getLogger().handlers\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
