@@ -81,11 +81,10 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
     from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
 
-    cfg = {**cfg, "out-dir": str(OUT_ROOT / key)}
     started = time.perf_counter()
     grid = InProcessGrid(client_app, simulation_node_configs(int(cfg["num-clients"])), cfg)
     summary = run_experiment(grid, cfg, run_id=1)
-    rounds = [json.loads(x) for x in (OUT_ROOT / key / "rounds.jsonl").read_text().splitlines()]
+    rounds = [json.loads(x) for x in (Path(cfg["out-dir"]) / "rounds.jsonl").read_text().splitlines()]
     spent = [c["epsilon_spent"] or 0.0 for c in summary["clients"]]  # None: no bound (a non-private run)
     smoothing = [r for r in rounds if r.get("fedceo-smoothed")]
     return {
@@ -118,7 +117,8 @@ def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool, r
     """Run what ``runs_json`` lacks; each result is merged into the file as it lands (the
     file is re-read first, so results that another invocation wrote meanwhile stay)."""
     done = _load_runs(runs_json)
-    todo = [(k, c) for k, c in jobs if force or k not in done]
+    out_root = OUT_ROOT if runs_json == RUNS_JSON else runs_json.parent / "runs"  # elsewhere: all beside it
+    todo = [(k, {**c, "out-dir": str(out_root / k)}) for k, c in jobs if force or k not in done]
     print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {runs_json.name})", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for result in pool.map(execute, *zip(*todo)) if todo else []:
@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, action="append", help="only these seeds (repeatable)")
     parser.add_argument("--method", choices=METHODS, action="append", help="only these methods (repeatable)")
     parser.add_argument("--runs-json", type=Path, default=RUNS_JSON,
-                        help="where results are merged (default runs.json); results.md is written beside it")
+                        help="where results are merged (default runs.json); results.md is written beside it, "
+                             "and, for another path than the default, each run's results directory under runs/")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key for every run (e.g. dataset=emnist)")
     args = parser.parse_args(argv)
