@@ -33,13 +33,14 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PRIVET = Path(sys.executable).parent / "privet"
 
 #: the workload: README's "same 3-round workload" of issue 11, one more round to average over
-WORKLOAD = {"num-clients": 10, "max-examples-per-client": 1000, "model": "cnn", "batch-size": 64,
+WORKLOAD: dict[str, Any] = {"num-clients": 10, "max-examples-per-client": 1000, "model": "cnn", "batch-size": 64,
             "local-epochs": 1, "learning-rate": 0.05, "momentum": 0.9, "noise-multiplier": 1.0,
             "clip": 1.0, "fraction-train": 1.0, "min-train-clients": 10, "seed": 7}
 
