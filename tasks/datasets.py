@@ -182,9 +182,9 @@ class DatasetSplits:
 #: hyperparameters without ever looking at the test split.
 EVALUATION_SPLITS: Final = ("test", "validation")
 
-#: Share of the training split held out under ``evaluation-split = "validation"`` (10,000
+#: The validation split is one part in this many of the training split, rounded up (10,000
 #: of Fashion-MNIST's 60,000 images).
-VALIDATION_FRACTION: Final = 1 / 6
+VALIDATION_PARTS: Final = 6
 
 #: Seed of the validation hold-out, the same for every run seed: tuning runs on any seed
 #: evaluate on the same images, and none of them trains on those.
@@ -193,10 +193,13 @@ VALIDATION_SEED: Final = 0x76616C6964  # ASCII "valid"
 
 @functools.lru_cache(maxsize=4)
 def validation_mask(num_train: int) -> np.ndarray:
-    """Which of ``num_train`` training examples form the validation split: ⌈n/6⌉ of them,
-    chosen by a permutation seeded with :data:`VALIDATION_SEED` (read-only)."""
+    """Which of ``num_train`` training examples form the validation split (read-only mask).
+
+    ⌈n/6⌉ of them (:data:`VALIDATION_PARTS`), chosen by a permutation seeded with
+    :data:`VALIDATION_SEED`.
+    """
     held = np.zeros(num_train, dtype=bool)
-    held[np.random.default_rng(VALIDATION_SEED).permutation(num_train)[: -(-num_train // 6)]] = True
+    held[np.random.default_rng(VALIDATION_SEED).permutation(num_train)[: -(-num_train // VALIDATION_PARTS)]] = True
     held.flags.writeable = False
     return held
 
@@ -210,8 +213,10 @@ def check_evaluation_split(evaluation_split: str) -> str:
 
 
 def training_pool(splits: DatasetSplits, evaluation_split: str) -> np.ndarray:
-    """Indices into ``splits.train`` of the examples clients may hold: all of them, or all
-    but the validation split (:func:`validation_mask`) under ``"validation"``."""
+    """Indices into ``splits.train`` of the examples clients may hold.
+
+    All of them, or all but the validation split (:func:`validation_mask`) under ``"validation"``.
+    """
     n = len(splits.train)
     if check_evaluation_split(evaluation_split) == "test":
         return np.arange(n, dtype=np.int64)
@@ -219,8 +224,11 @@ def training_pool(splits: DatasetSplits, evaluation_split: str) -> np.ndarray:
 
 
 def evaluation_set(splits: DatasetSplits, evaluation_split: str) -> ArrayDataset:
-    """What the server evaluates on: the official test split, or the validation split
-    (training examples no client holds, named ``<dataset>-validation``)."""
+    """What the server evaluates on.
+
+    The official test split, or the validation split (training examples no client holds,
+    named ``<dataset>-validation``).
+    """
     if check_evaluation_split(evaluation_split) == "test":
         return splits.test
     held = splits.train.subset(np.flatnonzero(validation_mask(len(splits.train))))
