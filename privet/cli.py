@@ -13,7 +13,8 @@
 exits with status 2 and a message naming the key and the allowed values), runs Flower's
 simulation through ``flwr run`` with a private ``FLWR_HOME``, checks the run's real status
 with ``flwr ls --format json`` (``flwr run`` exits 0 even when a run fails), stops the
-local SuperLink it started (by pid), and prints the privacy report.
+local SuperLink it started (by pid), and prints the privacy report. With ``RAY_ADDRESS``
+set, the simulation joins that Ray cluster instead of starting one (docs/ray-cluster.md).
 """
 
 from __future__ import annotations
@@ -174,6 +175,38 @@ def flwr_env(flwr_home: Path) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     })
     return env
+
+
+#: Ray's variable for the cluster that ``ray.init()`` joins; Flower's Ray backend calls
+#: ``ray.init()`` without an address, in ``flwr-simulation``, which inherits it from here.
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def ray_cluster_address(environ: dict[str, str] | None = None) -> str | None:
+    """The Ray cluster a simulation will join: ``$RAY_ADDRESS`` (``HOST:PORT`` of a head's GCS),
+    or None when unset or when Ray resolves it itself (``auto``: the cluster started on this
+    machine; ``local``: a new one, as without it)."""
+    address = (os.environ if environ is None else environ).get(RAY_ADDRESS_ENV, "").strip()
+    return address if address and address not in ("auto", "local") else None
+
+
+def check_ray_cluster(address: str, timeout: float = 5.0) -> None:
+    """Refuse, in one line naming ``RAY_ADDRESS``, an address where no Ray head answers.
+
+    Only a TCP connection to the head's GCS port is tried: without it the simulation would
+    wait in ``ray.init()`` and then fail with Flower's generic run status.
+    """
+    hint = "start one with `ray start --head --port=6379` or unset RAY_ADDRESS"
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise CliError(f"{RAY_ADDRESS_ENV}={address!r} is not HOST:PORT of a Ray head (e.g. 10.0.0.1:6379)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise CliError(f"{RAY_ADDRESS_ENV}={address}: no Ray cluster answers there ({reason}); {hint}") from None
 
 
 def _flwr_bin(name: str) -> str:
@@ -348,9 +381,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     run_config = load_experiment(args.config, args.set or [], args.out)
     validate(run_config)
+    cluster = ray_cluster_address() if args.backend == "simulation" else None
+    if cluster:
+        check_ray_cluster(cluster)
     out = Path(run_config["out-dir"])
     print(f"privet: {run_config['strategy']} on {run_config['dataset']}, "
           f"{run_config['num-clients']} clients, {run_config['num-server-rounds']} rounds -> {out}", flush=True)
+    if cluster:
+        print(f"privet: the simulation joins the Ray cluster at {RAY_ADDRESS_ENV}={cluster} "
+              "(docs/ray-cluster.md)", flush=True)
     # run.log is written next to the results once they exist (a refused run leaves no folder)
     log_path = Path(tempfile.mkstemp(prefix="privet-run-", suffix=".log")[1])
     with open_log(log_path) as log_file, \
@@ -440,7 +479,9 @@ examples:
   privet run
   privet run --set strategy=fedavg --set budget-distribution=none --out results/fedavg
   privet run --set budget-distribution=constant --set epsilon=2 --set num-server-rounds=5
-  privet run experiment.toml --backend inprocess --verbose"""
+  privet run experiment.toml --backend inprocess --verbose
+  RAY_ADDRESS=10.0.0.1:6379 privet run         the simulation on an existing Ray cluster
+                                               (docs/ray-cluster.md)"""
 
 REPORT_HELP = """\
 Print the privacy report of a results directory (privacy_report.md), or write its

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,3 +235,110 @@ def read_rounds(out: Path) -> list[dict[str, Any]]:
     """The lines of a run's ``rounds.jsonl`` written so far (none before the file exists)."""
     path = out / "rounds.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+# ------------------------------------------------------------- network namespaces
+#: the Debian package of each tool the namespace tests need
+PACKAGES = {"ip": "iproute2", "ssh-keygen": "openssh-client", "openssl": "openssl", "unshare": "util-linux",
+            "mount": "mount"}
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``ip ARGS`` (iproute2)."""
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def netns_unavailable(*tools: str) -> str | None:
+    """Why network namespaces (with veth pairs) and ``tools`` cannot be used here, or None."""
+    absent = missing("ip", *tools)
+    if absent:
+        pkgs = " ".join(PACKAGES.get(t, t) for t in absent)
+        return f"missing tools: {', '.join(absent)} (apt-get install {pkgs})"
+    probe = f"privet-probe-{uuid.uuid4().hex[:6]}"
+    res = ip("netns", "add", probe, check=False)
+    if res.returncode != 0:
+        why = res.stderr.strip() or res.returncode
+        return f"`ip netns add` is not permitted here ({why}); needs root/CAP_SYS_ADMIN"
+    try:
+        veth = subprocess.run(["ip", "netns", "exec", probe, "ip", "link", "add", "pa", "type", "veth",
+                               "peer", "name", "pb"], capture_output=True, text=True, timeout=30)
+        if veth.returncode != 0:
+            return f"veth pairs cannot be created in a network namespace: {veth.stderr.strip()}"
+    finally:
+        ip("netns", "del", probe, check=False)
+    return None
+
+
+class Network:
+    """Network namespaces ("machines") named ``privet-<id>-<tag>``: either a bridge namespace
+    plus one namespace per host with a veth leg on the bridge (``up`` then ``host``), or two
+    namespaces joined by one veth pair (``pair``). Every address exists only inside them."""
+
+    def __init__(self) -> None:
+        self.id = f"{os.getpid() % 100000}{uuid.uuid4().hex[:3]}"
+        self.bridge = f"privet-{self.id}-br"
+        self.namespaces: list[str] = []
+
+    def _add_ns(self, name: str) -> None:
+        ip("netns", "add", name)
+        self.namespaces.append(name)
+        ip("-n", name, "link", "set", "lo", "up")
+
+    def up(self) -> None:
+        self._add_ns(self.bridge)
+        ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.bridge, "link", "set", "br0", "up")
+
+    def host(self, tag: str, address: str) -> str:
+        ns = f"privet-{self.id}-{tag}"
+        self._add_ns(ns)
+        leg = f"v{tag}"[:15]
+        ip("-n", self.bridge, "link", "add", leg, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("-n", self.bridge, "link", "set", leg, "master", "br0", "up")
+        ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        return ns
+
+    def pair(self, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+        """Two namespaces, ``(tag, address)`` each, joined by one veth pair (``eth0`` in both)."""
+        (tag_a, addr_a), (tag_b, addr_b) = a, b
+        ns_a, ns_b = f"privet-{self.id}-{tag_a}", f"privet-{self.id}-{tag_b}"
+        self._add_ns(ns_a)
+        self._add_ns(ns_b)
+        ip("-n", ns_a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", ns_b)
+        for ns, addr in ((ns_a, addr_a), (ns_b, addr_b)):
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+        return ns_a, ns_b
+
+    def pids(self, ns: str) -> list[int]:
+        """Pids of the processes inside namespace ``ns`` (all of them started by the test:
+        nothing else enters a namespace it created)."""
+        wanted = f"net:[{os.stat(f'/run/netns/{ns}').st_ino}]"
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if os.readlink(proc / "ns" / "net") == wanted:
+                        found.append(int(proc.name))
+                except OSError:
+                    continue
+        return found
+
+    def kill_all(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL, every process left inside these namespaces, by pid."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for ns in self.namespaces:
+                for pid in self.pids(ns):
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        continue
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(self.pids(ns) for ns in self.namespaces):
+                time.sleep(0.2)
+
+    def down(self) -> None:
+        for ns in reversed(self.namespaces):
+            ip("netns", "del", ns, check=False)
+        self.namespaces.clear()

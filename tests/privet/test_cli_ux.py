@@ -243,3 +243,22 @@ def test_only_this_runs_simulation_processes_are_found_and_stopped(tmp_path):
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------ Ray cluster (RAY_ADDRESS)
+def test_an_unreachable_ray_address_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{cli.free_port()}")
+    code, text = run_cli(["run", "--out", str(tmp_path / "r"), "--set", "num-clients=2"], capsys)
+    assert code == 2
+    assert text.startswith("privet: error: RAY_ADDRESS=127.0.0.1:") and "no Ray cluster answers" in text
+    assert len(text.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+    monkeypatch.setenv("RAY_ADDRESS", "head-without-port")
+    code, text = run_cli(["run", "--set", "num-clients=2"], capsys)
+    assert code == 2 and "RAY_ADDRESS='head-without-port' is not HOST:PORT" in text
+
+
+def test_ray_address_auto_or_local_is_left_to_ray():
+    assert cli.ray_cluster_address({"RAY_ADDRESS": "auto"}) is None
+    assert cli.ray_cluster_address({"RAY_ADDRESS": "local"}) is None
+    assert cli.ray_cluster_address({}) is None
+    assert cli.ray_cluster_address({"RAY_ADDRESS": " 10.0.0.1:6379 "}) == "10.0.0.1:6379"

@@ -16,14 +16,13 @@ key (register new, restart with it, unregister old) works and the old key is the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
-import uuid
 
 import pytest
 
-from tests.deploy_support import FAST, SecureDeployment, generate_certs, missing, port_open, wait_exit
+from tests.deploy_support import (FAST, Network, SecureDeployment, generate_certs, netns_unavailable, port_open,
+                                  wait_exit)
 
 pytestmark = pytest.mark.slow
 
@@ -32,65 +31,8 @@ LINK_ADDR = f"{SUBNET}.1"
 BUDGETS = [1.0, 2.5, 6.0]
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
-
-
-def _netns_unavailable() -> str | None:
-    """Why network namespaces cannot be used here, or None."""
-    absent = missing("ip", "ssh-keygen", "openssl")
-    if absent:
-        return f"missing tools: {', '.join(absent)} (apt-get install iproute2 openssh-client openssl)"
-    probe = f"privet-probe-{uuid.uuid4().hex[:6]}"
-    res = _ip("netns", "add", probe, check=False)
-    if res.returncode != 0:
-        return f"`ip netns add` is not permitted here ({res.stderr.strip() or res.returncode}); needs root/CAP_SYS_ADMIN"
-    try:
-        veth = subprocess.run(["ip", "netns", "exec", probe, "ip", "link", "add", "pa", "type", "veth",
-                               "peer", "name", "pb"], capture_output=True, text=True, timeout=30)
-        if veth.returncode != 0:
-            return f"veth pairs cannot be created in a network namespace: {veth.stderr.strip()}"
-    finally:
-        _ip("netns", "del", probe, check=False)
-    return None
-
-
-class Network:
-    """A bridge namespace plus one namespace per host, each with one veth leg on the bridge."""
-
-    def __init__(self) -> None:
-        self.id = f"{os.getpid() % 100000}{uuid.uuid4().hex[:3]}"
-        self.bridge = f"privet-{self.id}-br"
-        self.namespaces: list[str] = []
-
-    def _add_ns(self, name: str) -> None:
-        _ip("netns", "add", name)
-        self.namespaces.append(name)
-        _ip("-n", name, "link", "set", "lo", "up")
-
-    def up(self) -> None:
-        self._add_ns(self.bridge)
-        _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.bridge, "link", "set", "br0", "up")
-
-    def host(self, tag: str, address: str) -> str:
-        ns = f"privet-{self.id}-{tag}"
-        self._add_ns(ns)
-        leg = f"v{tag}"[:15]
-        _ip("-n", self.bridge, "link", "add", leg, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _ip("-n", self.bridge, "link", "set", leg, "master", "br0", "up")
-        _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "eth0", "up")
-        return ns
-
-    def down(self) -> None:
-        for ns in reversed(self.namespaces):
-            _ip("netns", "del", ns, check=False)
-        self.namespaces.clear()
-
-
 def test_tls_authenticated_deployment_across_namespaces(tmp_path):
-    reason = _netns_unavailable()
+    reason = netns_unavailable("ssh-keygen", "openssl")
     if reason:
         pytest.skip(reason)
     net = Network()
