@@ -181,9 +181,18 @@ class RunConfig(BaseModel):
                 "'dp-mode' = 'none' trains without privacy, which clients with a finite budget "
                 "refuse: also set 'budget-distribution' = 'none'"
             )
-        if self.local_steps and CATALOGUE[self.strategy].epochs_only:
-            raise ValueError(f"'local-steps' must be 0 for '{self.strategy}' (its clients train in 'local-epochs' "
-                             f"passes); found {self.local_steps}")
+        if self.local_steps and not CATALOGUE[self.strategy].takes_local_steps:
+            raise ValueError(f"'local-steps' must be 0 for '{self.strategy}' (its clients' local work is set by "
+                             f"'local-epochs' or its own section); found {self.local_steps}")
+        if self.calibration != "accountant" and (self.resolved_dp_mode != "dpsgd" or self.noise_multiplier > 0):
+            raise ValueError(f"'calibration' = '{self.calibration}' is PFA's formula for DP-SGD clients that calibrate "
+                             "their own sigma: it needs 'dp-mode' = 'dpsgd' and 'noise-multiplier' = 0")
+        if self.evaluation_split != "test" and self.strategy == "dpfedc":
+            raise ValueError("'evaluation-split' applies to trained models; DP-FedC scores its clustering on "
+                             "'dpfedc.eval-samples' (leave 'evaluation-split' = 'test')")
+        late = [r for r in self.checkpoint_rounds if r > self.num_server_rounds]
+        if late:
+            raise ValueError(f"'checkpoint-rounds' {late} lie beyond 'num-server-rounds' = {self.num_server_rounds}")
         paper_dpfedc = self.strategy == "dpfedc" and self.dpfedc.calibration == "paper"  # noise from eps-bar
         if self.strategy == "dpfedc":  # DP-FedC (issue 14)
             if (self.dpfedc.calibration == "none") != (self.resolved_dp_mode == "none"):

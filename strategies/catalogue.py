@@ -38,9 +38,9 @@ class StrategyEntry:
     sums_only : bool
         Its aggregation needs only sums of the clients' updates, so it composes with secure
         aggregation (``secure-aggregation = "secagg+"``).
-    epochs_only : bool
-        Its clients train in whole passes (personalization's phases), so ``local-steps``
-        must stay 0.
+    takes_local_steps : bool
+        Its clients' local work can be τ = ``local-steps`` mini-batch steps; False where it is
+        set otherwise (personalization's passes, DP-FedC's own Q₁/Q₂ steps).
     """
 
     target: str
@@ -49,7 +49,7 @@ class StrategyEntry:
     summary: str
     params: str | None = None
     sums_only: bool = False
-    epochs_only: bool = False
+    takes_local_steps: bool = True
 
     @property
     def cls(self) -> Any:
@@ -92,9 +92,9 @@ CATALOGUE: Final[dict[str, StrategyEntry]] = {
     "fedceo": StrategyEntry("strategies.fedceo:FedCEO", keys.DP_UPDATE, "fedceo",
                             "FedCEO: tensor low-rank smoothing of the clients' models"),
     "ppsgd": StrategyEntry("strategies.personalized:PPSGD", keys.DP_UPDATE, None,
-                           "PPSGD: a shared and a personal model per client", epochs_only=True),
+                           "PPSGD: a shared and a personal model per client", takes_local_steps=False),
     "centaur": StrategyEntry("strategies.personalized:CENTAUR", keys.DP_UPDATE, None,
-                             "CENTAUR: shared body, personal head", epochs_only=True),
+                             "CENTAUR: shared body, personal head", takes_local_steps=False),
     "dp-fedavg": _gdpfed("DPFedAvg", "GDPFed's DP-FedAvg: one group at the strictest budget, plain mean"),
     "gdpfed": _gdpfed("GDPFed", "GDPFed: budget groups, per-group sigma_m, reweighted group sums"),
     "gdpfed-op": _gdpfed("GDPFedOp", "GDPFed with the optimal per-group sampling rates (Problem 1)"),
@@ -103,7 +103,8 @@ CATALOGUE: Final[dict[str, StrategyEntry]] = {
     "idp-fedavg-sample": _gdpfed("IDPFedAvgSample", "IDP-FedAvg (Sample): per-group sampling, one common sigma"),
     "pfa-groups": _gdpfed("PFAGroups", "PFA on GDPFed's budget groups (group sums only)"),
     "dpfedc": StrategyEntry("strategies.dpfedc:DPFedC", keys.DP_UPDATE, "dpfedc",
-                            "DP-FedC: private federated clustering", params="strategies.dpfedc:strategy_params"),
+                            "DP-FedC: private federated clustering", params="strategies.dpfedc:strategy_params",
+                            takes_local_steps=False),
 }
 
 #: the strategies that compose with secure aggregation

@@ -92,3 +92,16 @@ def test_local_steps_is_refused_where_clients_train_in_whole_passes(strategy):
         RunConfig.from_flower({**app_defaults(), "strategy": strategy, "local-steps": 100,
                                "budget-distribution": "constant"})
     assert RunConfig.from_flower({**app_defaults(), "strategy": "pfa", "local-steps": 100}).local_steps == 100
+
+
+@pytest.mark.parametrize(("overrides", "must_mention"), [
+    ({"strategy": "dpfedc", "local-steps": 5, "budget-distribution": "constant", "dp-mode": "update"},
+     "'local-steps' must be 0 for 'dpfedc'"),
+    ({"strategy": "pfa", "calibration": "pfa-closed-form", "noise-multiplier": 1.0}, "'calibration'"),
+    ({"strategy": "udp-fedavg", "calibration": "pfa-closed-form"}, "needs 'dp-mode' = 'dpsgd'"),
+    ({"checkpoint-rounds": "2, 9", "num-server-rounds": 3}, "'checkpoint-rounds' [9]"),
+])
+def test_knobs_that_would_do_nothing_are_refused_naming_the_key(overrides, must_mention):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), **overrides})
+    assert must_mention in str(err.value)
