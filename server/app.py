@@ -16,6 +16,7 @@ from server.federation import check_federation
 from server.registry import build_strategy, train_config
 from server.results import ResultsWriter, RunSummary
 from protocol.log import route_privet_logs_to_flower
+from server.prompt_grid import prompt
 from tasks.datasets import check_available, evaluation_set, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 
@@ -107,5 +108,5 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> RunSummary:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower entry point (``server.app:app``)."""
-    run_experiment(grid, dict(context.run_config), int(context.run_id))
+    """Flower entry point (``server.app:app``); a deployed grid answers promptly (:mod:`server.prompt_grid`)."""
+    run_experiment(prompt(grid), dict(context.run_config), int(context.run_id))
