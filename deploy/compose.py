@@ -86,6 +86,9 @@ x-privet: &privet
   init: true
   environment:
     FLWR_HOME: /var/lib/privet/flwr
+    # Flower's SuperExec looks for a message to start an app process for every second by
+    # default; 0.1 s takes ~0.45 s off each message on average (README, message latency)
+    FLWR_SUPEREXEC_TASK_POLL_INTERVAL: "0.1"
   logging:
     driver: json-file
     options: {{max-size: "20m", max-file: "5"}}
