@@ -10,6 +10,7 @@ noise levels; the ledger still charges the true ε.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -112,9 +113,19 @@ def noise_multiplier_for(
     tolerance = check_positive_finite(
         "tolerance", CALIBRATION_RTOL * target if tolerance is None else tolerance
     )
-    prior = [check_step(s, name=f"prior_history[{i}]") for i, s in enumerate(prior_history)]
+    prior = tuple(check_step(s, name=f"prior_history[{i}]") for i, s in enumerate(prior_history))
+    return _calibrated(target, delta, rate, steps, accountant, prior, tolerance, relation)
 
-    spent = epsilon_of(prior, delta, accountant, relation)
+
+@functools.lru_cache(maxsize=1024)
+def _calibrated(target: float, delta: float, rate: float, steps: int, accountant: str, prior: tuple[Step, ...],
+                tolerance: float, relation: str) -> float:
+    """:func:`noise_multiplier_for` on checked arguments, memoised (a pure function).
+
+    The simulated clients of one process that share a budget and workload (constant or group
+    budgets, PFA's references) search once instead of once each.
+    """
+    spent = epsilon_of(list(prior), delta, accountant, relation)
     if spent >= target:
         raise PrivacyBudgetExhausted(
             f"prior history already spends epsilon={spent:.6g} >= target_epsilon={target:g} "

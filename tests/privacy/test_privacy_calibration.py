@@ -160,3 +160,20 @@ def test_pfa_closed_form_over_noises_small_budgets_and_not_every_large_one():
     small = pfa_closed_form_sigma(0.1, 1e-5, q, steps) / noise_multiplier_for(0.1, 1e-5, q, steps, accountant="rdp")
     large = pfa_closed_form_sigma(10.0, 1e-5, q, steps) / noise_multiplier_for(10.0, 1e-5, q, steps, accountant="rdp")
     assert small > 3 and large < 1
+
+
+def test_a_repeated_calibration_costs_no_accountant_evaluation(monkeypatch):
+    """Clients of one simulation that share a budget and workload search once: the second
+    identical call evaluates the accountant zero times and returns the same σ."""
+    import privacy.calibration as calibration
+
+    calls = []
+    real = calibration.epsilon_of
+    monkeypatch.setattr(calibration, "epsilon_of", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calibration._calibrated.cache_clear()
+    first = noise_multiplier_for(2.0, 1e-5, 0.02, 500, accountant="rdp", prior_history=[(1.5, 0.02, 100)])
+    searched = len(calls)
+    again = noise_multiplier_for(2.0, 1e-5, 0.02, 500, accountant="rdp", prior_history=((1.5, 0.02, 100),))
+    assert searched >= 5 and len(calls) == searched and again == first
+    other = noise_multiplier_for(2.5, 1e-5, 0.02, 500, accountant="rdp", prior_history=[(1.5, 0.02, 100)])
+    assert len(calls) > searched and other < first  # a different budget searches again
