@@ -12,7 +12,18 @@ Methods: ``fedavg`` (non-private, budget-distribution "none"), ``maximum`` (ever
 the largest ε; an oracle), ``pfa``, ``pfa-plus``, ``weiavg``, ``fedavg-hdp``,
 ``minimum`` (everyone at the smallest ε).
 
-Differences from the paper's runs (deliberate, for a 2-core CPU, or for correctness):
+The ``paper-*`` settings run the paper's own regime (M = 20, K = 16, τ = 100 steps of batch 4,
+1,200 examples per client, 50 rounds, a fixed number of high-ε clients, no-public redraw); tune
+the learning rate on the validation split, then run the test seeds with ``--tuned``::
+
+    python experiments/pfa/reproduce.py --settings paper-logreg-iid-mixgauss1 --seeds 0 \
+        --set evaluation-split=validation --set num-server-rounds=25 --set learning-rate=0.01 \
+        --out tune/results.md                      # once per rate and calibration
+    python experiments/pfa/reproduce.py --settings paper-logreg-iid-mixgauss1 --seeds 1 2 3 \
+        --set calibration=pfa-closed-form --tuned tune/runs.jsonl --out final/results.md
+
+Differences from the paper's runs in the ``fmnist-*`` settings (deliberate, for a 2-core CPU,
+or for correctness):
 
 - 10 rounds of one local epoch (≈ 31 DP-SGD steps of batch 32 on 1000 examples)
   instead of ≈ 95 rounds of 100 steps of batch 4;
