@@ -12,7 +12,12 @@ the test split over several seeds::
     python experiments/fedceo/fair.py report --out DIR         # DIR/results.md
 
 Every run's record goes to ``DIR/runs.jsonl`` and its results directory under ``DIR/runs/``;
-nothing is written elsewhere. The regime is ``fair-mlp2.toml`` (``--set`` overrides it).
+nothing is written elsewhere. The regime is ``fair-mlp2.toml``; ``--set`` overrides it and names
+the variant (its table goes to ``DIR/results-<overrides>.md``). UDP-FedAvg ignores ``fedceo.*``,
+so a variant such as ``--set fedceo.interval=20`` reuses its precondition check and runs::
+
+    python experiments/fedceo/fair.py tune --out DIR --set fedceo.interval=20
+    python experiments/fedceo/fair.py run --out DIR --set fedceo.interval=20 --methods udp-fedavg fedceo
 
 **Precondition.** FedCEO's global model on a smoothing round is the FedAvg average with its
 singular values soft-thresholded by thr(t)/K, layer by layer (notes ``fedceo.md`` §2.3), so it
@@ -66,6 +71,12 @@ BOOTSTRAP = 10_000
 
 
 # ----------------------------------------------------------------------------- runs
+
+def plain_sets(sets: list[str]) -> list[str]:
+    """The overrides UDP-FedAvg sees: ``fedceo.*`` keys change nothing there, so its runs (and the
+    precondition check) are shared by every FedCEO variant, e.g. ``--set fedceo.interval=20``."""
+    return sorted(s for s in sets if not s.startswith("fedceo."))
+
 
 def base_config(sets: list[str]) -> dict[str, Any]:
     """App defaults < ``fair-mlp2.toml`` < ``--set``."""
@@ -195,6 +206,7 @@ def assess(check: dict[str, Any], cfg: dict[str, Any]) -> bool:
 
 
 def precondition(out: Path, sets: list[str]) -> dict[str, Any]:
+    sets = plain_sets(sets)
     cfg = base_config(sets + ["strategy=udp-fedavg", f"seed={TUNE_SEED}", "evaluation-split=validation",
                               "checkpoint-rounds=" + ", ".join(map(str, CHECK_ROUNDS))])
     key = "precondition/" + ",".join(sorted(sets))
@@ -228,7 +240,7 @@ def load_checks(out: Path) -> dict[str, Any]:
 def lambda_star(out: Path, sets: list[str]) -> float:
     """λ* = 1/(2·K·edge): thr(I)/K = ϑ/(2λK) then sits at the bulk edge of the layer with the
     largest top/edge ratio at the first checked round, in the check run with the same ``--set``."""
-    key = "precondition/" + ",".join(sorted(sets))
+    key = "precondition/" + ",".join(plain_sets(sets))
     check = load_checks(out).get(key)
     if check is None:
         raise SystemExit(f"no precondition check for {key} in {out}: run `fair.py precondition` with the same --set")
@@ -241,19 +253,25 @@ def lambda_star(out: Path, sets: list[str]) -> float:
 
 def tune(out: Path, sets: list[str], workers: int) -> None:
     star = lambda_star(out, sets)
-    jobs = [(f"tune/udp-fedavg/{','.join(sorted(sets))}",
-             base_config(sets + ["strategy=udp-fedavg", f"seed={TUNE_SEED}", "evaluation-split=validation"]))]
+    jobs = [(f"tune/udp-fedavg{run_suffix('udp-fedavg', sets)}",
+             base_config(plain_sets(sets) + ["strategy=udp-fedavg", f"seed={TUNE_SEED}", "evaluation-split=validation"]))]
     for factor, theta in TUNING_GRID:
         lam = float(f"{star * factor:.4g}")
         extra = [f"{k}={v}" for k, v in method_sets("fedceo", lam, theta).items()]
-        jobs.append((f"tune/fedceo/lambda{lam:g}/theta{theta:g}/{','.join(sorted(sets))}",
+        jobs.append((f"tune/fedceo/lambda{lam:g}/theta{theta:g}{run_suffix('fedceo', sets)}",
                      base_config(sets + extra + [f"seed={TUNE_SEED}", "evaluation-split=validation"])))
     run_jobs(out, jobs, workers)
 
 
-def tuned(out: Path) -> tuple[float, float]:
-    """(λ, ϑ) with the best mean validation accuracy over the last 10 rounds."""
-    runs = [r for k, r in load_records(out).items() if k.startswith("tune/fedceo/")]
+def run_suffix(method: str, sets: list[str]) -> str:
+    """The end of a run's key: the overrides that method's runs were made with."""
+    return "/" + ",".join(plain_sets(sets) if method == "udp-fedavg" else sorted(sets))
+
+
+def tuned(out: Path, sets: list[str]) -> tuple[float, float]:
+    """(λ, ϑ) with the best mean validation accuracy over the last 10 rounds (runs with these ``--set``)."""
+    runs = [r for k, r in load_records(out).items()
+            if k.startswith("tune/fedceo/") and k.endswith(run_suffix("fedceo", sets))]
     if not runs:
         raise SystemExit(f"no tuning runs in {out / 'runs.jsonl'}: run `fair.py tune --out {out}` first")
     best = max(runs, key=lambda r: r["last10_accuracy"])
@@ -261,14 +279,15 @@ def tuned(out: Path) -> tuple[float, float]:
 
 
 def run(out: Path, sets: list[str], seeds: list[int], methods: list[str], workers: int) -> None:
-    lam, theta = tuned(out)
+    lam, theta = tuned(out, sets)
     print(f"tuned on the validation split: lambda {lam:g}, theta {theta:g}", flush=True)
     jobs = []
     for seed in seeds:
         for method in methods:
+            own = plain_sets(sets) if method == "udp-fedavg" else sorted(sets)
             extra = [f"{k}={v}" for k, v in method_sets(method, lam, theta).items()]
-            jobs.append((f"test/{method}/seed{seed}/{','.join(sorted(sets))}",
-                         base_config(sets + extra + [f"seed={seed}"])))
+            jobs.append((f"test/{method}/seed{seed}{run_suffix(method, sets)}",
+                         base_config(own + extra + [f"seed={seed}"])))
     run_jobs(out, jobs, workers)
 
 
@@ -281,12 +300,17 @@ def bootstrap_interval(gaps: list[float], level: float = 0.95) -> tuple[float, f
     return means[int((1 - level) / 2 * BOOTSTRAP)], means[int((1 + level) / 2 * BOOTSTRAP) - 1]
 
 
-def report(out: Path) -> str:
+def results_name(sets: list[str]) -> str:
+    """``results.md`` for the regime as written, ``results-<overrides>.md`` for a variant of it."""
+    return "results.md" if not sets else f"results-{','.join(sorted(sets))}.md"
+
+
+def report(out: Path, sets: list[str]) -> str:
     records = load_records(out)
     lines = ["# FedCEO in its own regime: MLP-2, 100 clients, 10 % sampled (Fashion-MNIST)", "",
              f"Written by `experiments/fedceo/fair.py report` from `{out / 'runs.jsonl'}`.", ""]
-    cfg = base_config([])
-    lines += [f"Regime (`fair-mlp2.toml`): N = {cfg['num-clients']}, K = {int(cfg['fraction-train'] * cfg['num-clients'])} "
+    cfg = base_config(sets)
+    lines += [f"Regime (`fair-mlp2.toml`{''.join(f', {s}' for s in sorted(sets))}): N = {cfg['num-clients']}, K = {int(cfg['fraction-train'] * cfg['num-clients'])} "
               f"per round, T = {cfg['num-server-rounds']}, E = {cfg['local-epochs']} local epochs of B = "
               f"{cfg['batch-size']} on {cfg['max-examples-per-client']} examples, lr {cfg['learning-rate']} (momentum "
               f"{cfg['momentum']}), per-example DP-SGD at σ_g = {cfg['noise-multiplier']}, C = {cfg['clip']}, "
@@ -305,7 +329,8 @@ def report(out: Path) -> str:
                              f"{row.get('dp_ratio', float('nan')):.2f} | {row['edge']:.2f} | {row['ratio']:.2f} |")
         lines += ["", f"Precondition (top ≥ {CLEARLY_ABOVE} × the DP-noise edge in some layer): "
                   f"**{'holds' if check['passes'] else 'fails'}**.", ""]
-    tune_runs = {k: r for k, r in records.items() if k.startswith("tune/")}
+    ours = {k: r for k, r in records.items() if k.endswith(run_suffix(k.split("/")[1], sets))}
+    tune_runs = {k: r for k, r in ours.items() if k.startswith("tune/")}
     if tune_runs:
         lines += ["## Tuning on the validation split (seed 0)", "",
                   "| run | λ | ϑ | final | last 10 rounds |", "|---|---:|---:|---:|---:|"]
@@ -316,7 +341,7 @@ def report(out: Path) -> str:
                          f"{c['fedceo.theta'] if fed else '–'} | {r['final_accuracy']:.4f} | "
                          f"{r['last10_accuracy']:.4f} |")
         lines.append("")
-    test_runs = {k: r for k, r in records.items() if k.startswith("test/")}
+    test_runs = {k: r for k, r in ours.items() if k.startswith("test/")}
     if test_runs:
         by_method: dict[str, dict[str, dict[str, Any]]] = {}
         for k, r in test_runs.items():
@@ -351,7 +376,7 @@ def report(out: Path) -> str:
             lines.append(f"| {METHODS[method]} ({len(seeds)} seeds) | {' | '.join(cells)} |")
         lines.append("")
     text = "\n".join(lines)
-    (out / "results.md").write_text(text)
+    (out / results_name(sets)).write_text(text)
     return text
 
 
@@ -372,7 +397,7 @@ def main() -> int:
         tune(args.out, args.set, args.jobs)
     elif args.command == "run":
         run(args.out, args.set, args.seeds, args.methods, args.jobs)
-    print(report(args.out))
+    print(report(args.out, args.set))
     return 0
 
 
