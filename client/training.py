@@ -12,7 +12,7 @@ guarantees, both under the **replace-one** relation (the dataset size is public)
     Sample-level (ε, δ)-DP of the client's dataset w.r.t. replacing one example by
     another, via DP-SGD with Poisson sampling (rate q = 1/⌈n/B⌉), per-sample clipping to C
     and Gaussian noise σC per step (Abadi et al. 2016; Opacus for the per-sample
-    gradients). Every one of the ``epochs × ⌈n/B⌉`` steps (or τ = ``local-steps``) is taken
+    gradients, or their closed form for Linear-only models: :mod:`client.linear_dpsgd`). Every one of the ``epochs × ⌈n/B⌉`` steps (or τ = ``local-steps``) is taken
     and charged, an empty Poisson batch included (it releases noise only).
 ``update``
     Client-level DP of each upload w.r.t. replacing the client's whole dataset: the model
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from client.linear_dpsgd import LinearDPSGD
 from privacy.accountants import Step, import_opacus
 from privacy.mechanisms import (
     dpsgd_sample_rate,
@@ -46,7 +48,7 @@ from privacy.mechanisms import (
 from privacy.randomness import NoiseSource
 from privacy.secure_sum import charged_multiplier
 from tasks.datasets import ArrayDataset
-from tasks.models import get_weights, set_weights, train_plain
+from tasks.models import LINEAR_MODE, get_weights, set_weights, train_plain
 
 # Opacus' ghost clipping backpropagates from the loss to module outputs on purpose, and
 # PyTorch warns about it on every step (60 times in the default run): not the user's business.
@@ -133,23 +135,52 @@ def train_dpsgd(
 ) -> tuple[dict[str, float], list[Step]]:
     """Sample-level DP-SGD; returns metrics and the steps to charge.
 
-    Opacus computes the per-sample gradients and clips them; the batches come from
-    :func:`poisson_batches` and the noise from ``noise``. Exactly
-    ``epochs × ⌈n/B⌉`` steps (τ = ``cfg.steps`` when > 0) are taken at q = 1/⌈n/B⌉ and
-    charged as such, the same figures the round was planned and checked with.
+    Opacus computes the per-sample gradients and clips them (``linear``: the closed form of
+    :mod:`client.linear_dpsgd`); the batches come from :func:`poisson_batches` and the noise
+    from ``noise``. Exactly ``epochs × ⌈n/B⌉`` steps (τ = ``cfg.steps`` when > 0) are taken at
+    q = 1/⌈n/B⌉ and charged as such, the same figures the round was planned and checked with.
     """
-    import_opacus()  # heavy, only where used; without Opacus' root log handler
-    from opacus import PrivacyEngine
-
     n = len(data)
     rate = dpsgd_sample_rate(n, cfg.batch_size)
     steps = dpsgd_steps_per_round(n, cfg.batch_size, cfg.epochs, cfg.steps)
     x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
-    # Opacus reads q and the expected batch size (n·q, for the mean loss) off this loader;
-    # its batches are never used.
-    loader = DataLoader(TensorDataset(x_all, y_all), batch_size=cfg.batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones get no noise either
     optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
+    batches = poisson_batches(n, rate, steps, noise)
+    if grad_sample_mode == LINEAR_MODE:
+        stepper = LinearDPSGD(model, clip=clip, noise_multiplier=noise_multiplier,
+                              expected_batch_size=int(n * rate), noise=noise)
+        model.train()
+        losses: list[float] = []
+        for batch in batches:
+            if len(batch) == 0:
+                stepper.empty_gradients()
+            else:
+                index = torch.from_numpy(batch)
+                losses.append(stepper.batch_gradients(x_all[index], y_all[index]))
+            optimizer.step()
+        for p in trainable:
+            p.grad = None
+    else:
+        losses = _opacus_steps(model, optimizer, x_all, y_all, batches, cfg.batch_size, clip=clip,
+                               noise_multiplier=noise_multiplier, noise=noise, grad_sample_mode=grad_sample_mode)
+    metrics = {
+        "train-loss": float(np.mean(losses)) if losses else float("nan"),
+        "local-steps": float(steps),
+    }
+    return metrics, [(float(noise_multiplier), rate, steps)]
+
+
+def _opacus_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x_all: torch.Tensor, y_all: torch.Tensor,
+                  batches: Iterator[np.ndarray], batch_size: int, *, clip: float, noise_multiplier: float,
+                  noise: NoiseSource, grad_sample_mode: str) -> list[float]:
+    """DP-SGD steps by Opacus on the given batches; the loss of each non-empty one."""
+    import_opacus()  # heavy, only where used; without Opacus' root log handler
+    from opacus import PrivacyEngine
+
+    # Opacus reads q and the expected batch size (n·q, for the mean loss) off this loader;
+    # its batches are never used.
+    loader = DataLoader(TensorDataset(x_all, y_all), batch_size=batch_size)
     criterion = nn.CrossEntropyLoss()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about secure_mode and poisson_sampling
@@ -174,7 +205,7 @@ def train_dpsgd(
     dp_model.train()
     losses: list[float] = []
     try:
-        for batch in poisson_batches(n, rate, steps, noise):
+        for batch in batches:
             dp_optimizer.zero_grad()
             if len(batch) == 0:
                 _empty_step(dp_optimizer, ghost)
@@ -187,11 +218,7 @@ def train_dpsgd(
     finally:  # unhook, so the same model can be made private again (CENTAUR's two phases)
         dp_optimizer.zero_grad()
         dp_model.to_standard_module()
-    metrics = {
-        "train-loss": float(np.mean(losses)) if losses else float("nan"),
-        "local-steps": float(steps),
-    }
-    return metrics, [(float(noise_multiplier), rate, steps)]
+    return losses
 
 
 def train_update_dp(

@@ -34,7 +34,7 @@ from strategies.pfa import PFAConfig
 from strategies.secure_sum import SECURE_AGGREGATION, SecureAggregation
 from protocol.config import kebab, numbers, one_of
 from tasks.datasets import EVALUATION_SPLITS
-from tasks.models import GRAD_SAMPLE_MODES, MODELS
+from tasks.models import GRAD_SAMPLE_MODES, MODELS, resolve_grad_sample_mode
 from tasks.partition import PARTITIONERS
 
 STRATEGIES = tuple(CATALOGUE)  # strategies/catalogue.py: every strategy, once
@@ -190,6 +190,7 @@ class RunConfig(BaseModel):
         if self.evaluation_split != "test" and self.strategy == "dpfedc":
             raise ValueError("'evaluation-split' applies to trained models; DP-FedC scores its clustering on "
                              "'dpfedc.eval-samples' (leave 'evaluation-split' = 'test')")
+        resolve_grad_sample_mode(self.grad_sample_mode, self.model)  # 'linear' only for Linear-only models
         late = [r for r in self.checkpoint_rounds if r > self.num_server_rounds]
         if late:
             raise ValueError(f"'checkpoint-rounds' {late} lie beyond 'num-server-rounds' = {self.num_server_rounds}")

@@ -39,21 +39,34 @@ log = logging.getLogger(__name__)
 
 MODELS: Final = ("mlp2", "lenet5", "logreg", "cnn", "cnn2")
 
-#: Opacus' per-sample-gradient modes; ``auto`` takes the fastest measured for the model.
-GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch")
+#: How DP-SGD gets its clipped per-sample gradients: Opacus' three modes, privet's closed form
+#: for models made of Linear layers (``client/linear_dpsgd.py``), and ``auto``, the fastest
+#: measured for the model.
+LINEAR_MODE: Final = "linear"
+GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch", LINEAR_MODE)
+
+#: Models whose trainable parameters all sit in ``nn.Linear`` layers (``linear`` applies;
+#: a test checks this against the models themselves).
+LINEAR_MODELS: Final = ("mlp2", "logreg")
 
 #: The fastest mode per model where it is not ``ghost`` (benchmarks/results/dpsgd_step.md,
-#: batch 64, one thread, interleaved passes: ``cnn`` hooks 2.08x a plain step vs ghost 2.18x
-#: and functorch 2.61x; every other model is fastest with ghost clipping, e.g. ``lenet5``
-#: ghost 2.43x vs hooks 6.02x).
-FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks"}
+#: batch 64, one thread, interleaved passes): ``cnn`` hooks (2.08x a plain step vs ghost 2.18x
+#: and functorch 2.61x), the Linear-only models the closed form; every other model is fastest
+#: with ghost clipping, e.g. ``lenet5`` ghost 2.43x vs hooks 6.02x.
+FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks", "logreg": LINEAR_MODE, "mlp2": LINEAR_MODE}
 
 
 def resolve_grad_sample_mode(mode: str, model: str) -> str:
     """The per-sample-gradient mode to run: ``mode`` itself, or for ``auto`` the fastest
-    measured for ``model`` (:data:`FASTEST_GRAD_SAMPLE_MODE`, else ``ghost``)."""
+    measured for ``model`` (:data:`FASTEST_GRAD_SAMPLE_MODE`, else ``ghost``).
+
+    Raises ValueError on an unknown mode, or ``linear`` for a model with other layers.
+    """
     if mode not in GRAD_SAMPLE_MODES:
         raise ValueError(f"grad-sample-mode must be one of {', '.join(GRAD_SAMPLE_MODES)}; found {mode!r}")
+    if mode == LINEAR_MODE and model not in LINEAR_MODELS:
+        raise ValueError(f"grad-sample-mode 'linear' needs a model of Linear layers only ({', '.join(LINEAR_MODELS)}); "
+                         f"found model {model!r}: use 'auto', 'ghost' or 'hooks'")
     return FASTEST_GRAD_SAMPLE_MODE.get(model, "ghost") if mode == "auto" else mode
 
 TRAIN_LOSS_KEY: Final = "train-loss"

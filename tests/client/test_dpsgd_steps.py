@@ -40,7 +40,7 @@ def _data(n: int = 16) -> ArrayDataset:
                         rng.integers(0, 10, n).astype(np.int64), 10, "synthetic")
 
 
-@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch"])
+@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch", "linear"])
 def test_empty_batches_are_noise_only_steps_and_are_charged(mode):
     torch.manual_seed(0)
     model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)

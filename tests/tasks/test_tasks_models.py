@@ -196,13 +196,24 @@ def test_train_plain_reduces_loss_on_real_fmnist(name: str) -> None:
     assert loss1 < 0.75 * loss0 and acc1 > max(0.5, acc0 + 0.3)
 
 
-def test_auto_grad_sample_mode_is_the_fastest_measured_per_model():
-    """``auto`` resolves per model from the step benchmark's table; explicit modes pass through."""
-    from tasks.models import FASTEST_GRAD_SAMPLE_MODE, GRAD_SAMPLE_MODES, MODELS, resolve_grad_sample_mode
+def test_auto_grad_sample_mode_takes_the_table_and_only_modes_the_model_supports():
+    """``auto`` resolves per model from the step benchmark's table (else ghost) to a mode that
+    model can run; explicit modes pass through; ``linear`` is refused for a model with convolutions."""
+    from client.linear_dpsgd import supports_linear_dpsgd
+    from tasks.models import (
+        FASTEST_GRAD_SAMPLE_MODE, GRAD_SAMPLE_MODES, LINEAR_MODE, LINEAR_MODELS, MODELS, resolve_grad_sample_mode,
+    )
 
     assert set(FASTEST_GRAD_SAMPLE_MODE) <= set(MODELS)
-    assert resolve_grad_sample_mode("auto", "cnn") == "hooks"
-    assert {resolve_grad_sample_mode("auto", m) for m in MODELS if m != "cnn"} == {"ghost"}
-    assert [resolve_grad_sample_mode(m, "cnn") for m in GRAD_SAMPLE_MODES[1:]] == list(GRAD_SAMPLE_MODES[1:])
-    with pytest.raises(ValueError, match="grad-sample-mode must be one of auto, hooks, ghost, functorch"):
+    for m in MODELS:
+        chosen = resolve_grad_sample_mode("auto", m)
+        assert chosen == FASTEST_GRAD_SAMPLE_MODE.get(m, "ghost") and chosen in GRAD_SAMPLE_MODES[1:]
+        # the table of Linear-only models agrees with the models themselves
+        linear = supports_linear_dpsgd(build_model(m, input_shape=(1, 28, 28), num_classes=10, seed=0))
+        assert (m in LINEAR_MODELS) == linear
+        assert chosen != LINEAR_MODE or linear
+    assert [resolve_grad_sample_mode(m, "mlp2") for m in GRAD_SAMPLE_MODES[1:]] == list(GRAD_SAMPLE_MODES[1:])
+    with pytest.raises(ValueError, match="grad-sample-mode 'linear' needs a model of Linear layers only"):
+        resolve_grad_sample_mode(LINEAR_MODE, "cnn")
+    with pytest.raises(ValueError, match="grad-sample-mode must be one of auto, hooks, ghost, functorch, linear"):
         resolve_grad_sample_mode("fast", "cnn")
