@@ -113,6 +113,12 @@ def weighted_mean(
     result = []
     for layer, shape in enumerate(shapes):
         dtype = output_dtype([u[layer] for u in updates])
-        mean = w @ stack_layer(updates, layer)
+        # a running sum, one client at a time: memory of one layer, not of every client's copy
+        # of it (120 clients × a 1.7M-parameter model stacked in float64 is 1.6 GB)
+        mean = np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=np.float64)
+        scaled = np.empty_like(mean)
+        for weight, update in zip(w, updates, strict=True):
+            np.multiply(np.ravel(update[layer]), weight, out=scaled, dtype=np.float64)
+            mean += scaled
         result.append(mean.reshape(shape).astype(dtype, copy=False))
     return result
