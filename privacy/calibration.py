@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from privacy.checks import (
     check_choice,
@@ -56,16 +56,13 @@ def noise_multiplier_for(
 
     Finds σ such that ``ε(σ) = epsilon_of(prior_history + [(σ, q, steps)], δ)`` satisfies
     ``ε_target − tolerance <= ε(σ) <= ε_target``; as ε(σ) decreases in σ, σ is the
-    smallest admissible noise multiplier up to that tolerance. With the RDP accountant the
-    search is Opacus' ``get_noise_multiplier``: σ_high doubles from 10 until
-    ε(σ_high) <= ε_target, then [0, σ_high] is bisected until ε_target − ε(σ_high) <=
-    tolerance, and the conservative endpoint σ_high is returned; with an empty prior the
-    result equals Opacus' (e.g. GDPFed's σ² = 2.26 for Fashion-MNIST) unless the extra RDP
-    orders tighten ε. With a numerical accountant (``prv``, the default; ~0.1 s an
-    evaluation) it brackets by secant steps and finishes with Brent's method
-    (:func:`_secant_brent`): 3-7 evaluations instead of 12-15. Either way only a σ that
-    has been *evaluated* to satisfy the target is returned, so the result never
-    overshoots, whatever the accountant's numerical quirks.
+    smallest admissible noise multiplier up to that tolerance. The search is Opacus'
+    ``get_noise_multiplier``: σ_high doubles from 10 until ε(σ_high) <= ε_target, then
+    [0, σ_high] is bisected until ε_target − ε(σ_high) <= tolerance, and the conservative
+    endpoint σ_high is returned. Every σ_high ever held has been *evaluated* to satisfy the
+    target, so the result never overshoots, whatever the accountant's numerical quirks.
+    With an empty prior and the RDP accountant the result equals Opacus' (e.g. GDPFed's
+    σ² = 2.26 for Fashion-MNIST) unless the extra RDP orders tighten ε.
 
     Parameters
     ----------
@@ -103,8 +100,8 @@ def noise_multiplier_for(
 
     Notes
     -----
-    A search costs about 12–15 accountant evaluations with RDP (tens of ms each) and 3-7
-    with PRV (about 0.1 s each). With ``accountant="prv"``, ε(σ) jumps where the RDP bound crosses
+    A search costs about 12–15 accountant evaluations (tens of ms each for RDP, up to a
+    second for PRV). With ``accountant="prv"``, ε(σ) jumps where the RDP bound crosses
     ``PRV_MAX_EPSILON`` (PRV below, RDP above), so targets near 50 may end with ε(σ) more
     than ``tolerance`` below the target; the result is still never above it.
     """
@@ -149,24 +146,6 @@ def _calibrated(target: float, delta: float, rate: float, steps: int, accountant
             f"only epsilon={floor:.4g} at delta={delta:g})"
         )
 
-    if accountant == "rdp":
-        sigma_high, eps_high = _bisection(eps_at, target, tolerance, rate, steps, delta)
-    else:  # a numerical ε (PLD or PRV, plus its RDP bound) costs ~0.1 s: interpolate, don't bisect
-        sigma_high, eps_high = _secant_brent(eps_at, target, tolerance, _first_guess(target, delta, rate, steps))
-    log.debug(
-        "calibrated sigma=%.6g: epsilon=%.6g for target %.6g (q=%g, steps=%d, delta=%g, %s)",
-        sigma_high, eps_high, target, rate, steps, delta, accountant,
-    )
-    return sigma_high
-
-
-def _bisection(eps_at: Callable[[float], float], target: float, tolerance: float, rate: float, steps: int,
-               delta: float) -> tuple[float, float]:
-    """Opacus' ``get_noise_multiplier`` search; returns (σ_high, ε(σ_high)).
-
-    σ_high doubles from 10 until it meets the target, then [0, σ_high] is bisected until
-    ε(σ_high) is within ``tolerance`` below it.
-    """
     sigma_low, sigma_high, eps_high = 0.0, _SIGMA_START, math.inf
     while eps_high > target:  # doubling; the feasibility check bounds it by MAX_SIGMA
         if sigma_high >= MAX_SIGMA:
@@ -176,6 +155,7 @@ def _bisection(eps_at: Callable[[float], float], target: float, tolerance: float
             )
         sigma_high = min(2.0 * sigma_high, MAX_SIGMA)
         eps_high = eps_at(sigma_high)
+
     for _ in range(_MAX_BISECTIONS):  # ends long before: the bracket halves every time
         if target - eps_high <= tolerance or sigma_high - sigma_low <= 1e-12 * sigma_high:
             break
@@ -185,86 +165,11 @@ def _bisection(eps_at: Callable[[float], float], target: float, tolerance: float
             sigma_high, eps_high = sigma, eps
         else:
             sigma_low = sigma
-    return sigma_high, eps_high
-
-
-def _first_guess(target: float, delta: float, rate: float, steps: int) -> float:
-    """A starting σ for :func:`_secant_brent` (only a start: the search brackets from it).
-
-    The moments-accountant shape q·√(T·2 ln(1.25/δ))/ε, doubled for replace-one, and at
-    least 0.5.
-    """
-    single = 2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / target
-    return min(max(rate * math.sqrt(steps) * single, 0.5), MAX_SIGMA / 2)
-
-
-def _secant_brent(eps_at: Callable[[float], float], target: float, tolerance: float,
-                  start: float) -> tuple[float, float]:
-    """The search for a numerical accountant; returns (σ_high, ε(σ_high)).
-
-    Works on f(x) = log(ε(eˣ)/target), x = log σ, decreasing, and aims at the middle of the
-    accepted band [target − tolerance, target]. Secant steps through the last two points
-    (the first assumes ε ∝ 1/σ), each at most a factor 4 in σ, until one feasible and one
-    infeasible σ bracket the answer; then Brent's method on the bracket (inverse quadratic
-    interpolation with bisection as its safeguard), stopped at the first feasible σ within
-    the tolerance. As in :func:`_bisection`, only evaluated feasible points are ever returned,
-    so the result never overshoots; it takes about 3-7 evaluations where bisection takes 12-15.
-    """
-    aim = math.log1p(-0.5 * tolerance / target)
-
-    def f_of(eps: float) -> float:
-        return math.log(eps / target) if 0 < eps < math.inf else (math.inf if eps > 0 else -math.inf)
-
-    def secant(x0: float, f0: float, x1: float, f1: float) -> float | None:
-        if not (math.isfinite(f0) and math.isfinite(f1)) or x0 == x1 or f0 == f1:
-            return None
-        return x1 + (aim - f1) * (x1 - x0) / (f1 - f0)
-
-    low: tuple[float, float] | None = None  # (x, f) with ε above the target
-    high: tuple[float, float, float] | None = None  # (x, f, ε) with ε within it
-    prev: tuple[float, float] | None = None
-    x = math.log(start)
-    while True:  # bracket
-        eps = eps_at(math.exp(x))
-        f = f_of(eps)
-        if eps <= target:
-            high = (x, f, eps)
-            if target - eps <= tolerance:
-                return math.exp(x), eps
-        else:
-            low = (x, f)
-        if low is not None and high is not None:
-            break
-        if x >= math.log(MAX_SIGMA) and low is not None:  # excluded by the floor check in _calibrated
-            raise ValueError(f"target_epsilon={target:g} is too small: sigma would have to exceed {MAX_SIGMA:g}")
-        guess = secant(*prev, x, f) if prev is not None else (x + (f - aim) if math.isfinite(f) else None)
-        step = math.log(4.0) * (1.0 if low is not None else -1.0)  # up when above the target
-        if guess is None or (guess - x) * step <= 0:
-            guess = x + step
-        prev = (x, f)
-        x = min(x + max(min(guess - x, abs(step)), -abs(step)), math.log(MAX_SIGMA))
-    from scipy.optimize import brentq
-
-    best = (math.exp(high[0]), high[2])
-
-    def centred(x: float) -> float:  # f − aim; records the feasible point closest to the target
-        nonlocal best
-        eps = eps_at(math.exp(x))
-        if eps <= target and eps > best[1]:
-            best = (math.exp(x), eps)
-            if target - eps <= tolerance:
-                raise _Landed
-        return min(f_of(eps), 1e3) - aim  # Brent needs finite values; ε = ∞ only at tiny σ
-
-    try:  # the bracket ends' ε are cached: Brent's first two calls cost nothing
-        brentq(centred, low[0], high[0], xtol=1e-12, maxiter=_MAX_BISECTIONS)
-    except _Landed:
-        pass
-    return best
-
-
-class _Landed(Exception):
-    """Ends the Brent search: a feasible σ within the tolerance was evaluated."""
+    log.debug(
+        "calibrated sigma=%.6g: epsilon=%.6g for target %.6g (q=%g, steps=%d, delta=%g, %s)",
+        sigma_high, eps_high, target, rate, steps, delta, accountant,
+    )
+    return sigma_high
 
 
 def epsilon_for(
