@@ -28,8 +28,11 @@ Accountants:
   ρ_rep(α) <= (α − ½)/(α − 1) · ρ_ar(2α) + ρ_ar(2α − 1).
 * ``"prv"``: numerical privacy-loss distributions. Replace-one: Google's ``dp_accounting``
   PLD accountant (``NeighboringRelation.REPLACE_ONE``, pessimistic connect-the-dots
-  discretisation); add/remove: Opacus' ``PRVAccountant`` (Gopi, Lee & Wutschitz 2021). The
-  value returned is the minimum of this and the RDP bound (two valid upper bounds).
+  discretisation); add/remove: Opacus' ``PRVAccountant`` (Gopi, Lee & Wutschitz 2021). A
+  history without sampling (every q = 1: update-mode uploads, DP-SGD with one batch per
+  epoch) composes to a single Gaussian, whose ε is computed exactly
+  (:func:`_gaussian_epsilon`) instead. The value returned is the minimum of this and the
+  RDP bound (two valid upper bounds).
 
 Both report an *upper bound* on the true ε; neither is an estimate.
 """
@@ -249,9 +252,44 @@ def _epsilon_cached(steps: tuple[Step, ...], delta: float, accountant: str, rela
     rdp = _rdp_epsilon(steps, delta, relation)
     if accountant == "rdp":
         return rdp
+    if all(rate >= 1.0 for _, rate, _ in steps):  # no sampling: the exact Gaussian profile
+        return min(_gaussian_epsilon(steps, delta, relation), rdp)
     if relation == REPLACE_ONE:
         return _pld_epsilon(steps, delta, rdp)
     return _prv_epsilon(steps, delta, rdp)
+
+
+def _gaussian_epsilon(steps: tuple[Step, ...], delta: float, relation: str) -> float:
+    """Exact ε of composed Gaussian mechanisms without sampling (every q = 1).
+
+    n releases at multiplier σ of a sum with sensitivity Δ (2 under replace-one, 1 under
+    add/remove, in units of C) compose to one Gaussian pair N(0, 1) vs N(μ, 1) with
+    μ² = Σ_i n_i Δ²/σ_i² (Dong, Roth & Su 2022, Cor. 3.3), whose privacy profile is
+    δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ) (Balle & Wang 2018, Thm. 8). ε is the root of
+    δ(ε) = δ, found by Brent's method and returned at the upper end of its bracket, so it
+    is an upper bound; what the PLD accountant approximates with a discretisation, in
+    microseconds instead of ~50 ms.
+    """
+    from scipy.optimize import brentq
+    from scipy.special import log_ndtr
+
+    sensitivity = 2.0 if relation == REPLACE_ONE else 1.0
+    mu = math.sqrt(sum(count * (sensitivity / sigma) ** 2 for sigma, _, count in steps))
+
+    def excess(eps: float) -> float:  # log δ(ε) − log δ, decreasing in ε
+        log_first = float(log_ndtr(mu / 2 - eps / mu))
+        log_second = eps + float(log_ndtr(-mu / 2 - eps / mu))
+        gap = log_first + math.log1p(-math.exp(min(log_second - log_first, 0.0))) if log_second < log_first \
+            else -math.inf
+        return gap - math.log(delta)
+
+    if excess(0.0) <= 0:
+        return 0.0
+    high = 1.0
+    while excess(high) > 0:
+        high *= 2.0
+    root = float(brentq(excess, 0.0, high, xtol=1e-12, rtol=1e-13))
+    return root + 2e-12  # the bracket's upper end: δ(ε) <= δ there
 
 
 def _rdp_epsilon(steps: tuple[Step, ...], delta: float, relation: str = REPLACE_ONE) -> float:

@@ -3,8 +3,8 @@
 Replace-one (the dataset size stays public): under Poisson sampling the dominating pair is
 P = (1−q)N(0, σ²) + qN(−1, σ²) against Q = (1−q)N(0, σ²) + qN(1, σ²) in units of C.
 Oracles: Google's dp_accounting PLD (REPLACE_ONE) at a 10× finer discretisation than ours,
-the Rényi divergence of that pair integrated numerically, and the Gaussian mechanism's
-closed form at q = 1 (sensitivity 2C).
+the Rényi divergence of that pair integrated numerically, the Gaussian mechanism's
+closed form at q = 1 (sensitivity 2C), and its hockey-stick divergence integrated numerically.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def _pld_oracle(history: list[tuple[float, float, int]], delta: float) -> float:
 def test_pld_is_a_tight_upper_bound_on_the_replace_one_oracle(q: float, sigma: float, steps: int) -> None:
     oracle = _pld_oracle([(sigma, q, steps)], DELTA)
     ours = epsilon_of([(sigma, q, steps)], DELTA, "prv")
-    assert oracle <= ours <= oracle * 1.01 + 1e-3
+    if q == 1.0:  # the exact Gaussian profile: at most the oracle's pessimistic discretisation
+        assert ours <= oracle <= ours + 1e-3
+    else:
+        assert oracle <= ours <= oracle * 1.01 + 1e-3
 
 
 @pytest.mark.parametrize(("q", "sigma", "steps"), GRID)
@@ -82,3 +85,27 @@ def test_calibration_meets_a_replace_one_target_that_the_oracle_confirms() -> No
     assert epsilon_of([(sigma, q, steps)], DELTA, "prv") >= target * (1 - 2e-3)  # the budget is used (rel. tol.)
     # the same target under add/remove would need less noise: the relation matters
     assert noise_multiplier_for(target, DELTA, q, steps, accountant="prv", relation=ADD_REMOVE) < sigma
+
+
+def _hockey_stick(mu: float, eps: float) -> float:
+    """δ(ε) = ∫ max(0, p − e^ε q) for p = N(μ, 1), q = N(0, 1), by a fine Riemann sum."""
+    x = np.linspace(-40.0, mu + 40.0, 2_000_001)
+    p = np.exp(-((x - mu) ** 2) / 2) / math.sqrt(2 * math.pi)
+    q = np.exp(-(x**2) / 2) / math.sqrt(2 * math.pi)
+    return float(np.maximum(p - math.exp(eps) * q, 0.0).sum() * (x[1] - x[0]))
+
+
+@pytest.mark.parametrize("relation", [REPLACE_ONE, ADD_REMOVE])
+@pytest.mark.parametrize("history", [[(2.0, 1.0, 3)], [(5.0, 1.0, 30)], [(3.27, 1.0, 1)], [(4.0, 1.0, 2), (9.0, 1.0, 7)]])
+def test_full_participation_epsilon_is_the_exact_gaussian_profile(history, relation) -> None:
+    """Every q = 1: one Gaussian pair with μ² = Σ n·Δ²/σ²; δ at our ε is at most the target
+    (valid) and δ slightly below our ε is above it (tight), by integrating the hockey-stick
+    divergence directly; and it agrees with dp_accounting's PLD at a fine discretisation."""
+    ours = epsilon_of(history, DELTA, "prv", relation)
+    sensitivity = 2.0 if relation == REPLACE_ONE else 1.0
+    mu = math.sqrt(sum(n * (sensitivity / s) ** 2 for s, _, n in history))
+    assert _hockey_stick(mu, ours) <= DELTA * (1 + 1e-6)
+    assert _hockey_stick(mu, ours - 1e-3) > DELTA
+    if relation == REPLACE_ONE:
+        assert ours == pytest.approx(_pld_oracle(history, DELTA), abs=2e-3)
+    assert ours <= epsilon_of(history, DELTA, "rdp", relation)
