@@ -50,9 +50,9 @@ GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch", LINEAR_MODE)
 LINEAR_MODELS: Final = ("mlp2", "logreg")
 
 #: The fastest mode per model where it is not ``ghost`` (benchmarks/results/dpsgd_step.md,
-#: batch 64, one thread, interleaved passes): ``cnn`` hooks (2.08x a plain step vs ghost 2.18x
-#: and functorch 2.61x), the Linear-only models the closed form; every other model is fastest
-#: with ghost clipping, e.g. ``lenet5`` ghost 2.43x vs hooks 6.02x.
+#: batch 64, one thread, 4 interleaved passes): ``cnn`` hooks (1.98x a plain step vs ghost 2.18x
+#: and functorch 2.40x), ``logreg`` and ``mlp2`` the closed form (2.2x and 2.5x vs ghost 4.6x);
+#: every other model is fastest with ghost clipping, e.g. ``lenet5`` ghost 2.4x vs hooks 3.6x.
 FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks", "logreg": LINEAR_MODE, "mlp2": LINEAR_MODE}
 
 
