@@ -12,8 +12,9 @@ guarantees, both under the **replace-one** relation (the dataset size is public)
     Sample-level (ε, δ)-DP of the client's dataset w.r.t. replacing one example by
     another, via DP-SGD with Poisson sampling (rate q = 1/⌈n/B⌉), per-sample clipping to C
     and Gaussian noise σC per step (Abadi et al. 2016; Opacus for the per-sample
-    gradients, or their closed form for Linear-only models: :mod:`client.linear_dpsgd`). Every one of the ``epochs × ⌈n/B⌉`` steps (or τ = ``local-steps``) is taken
-    and charged, an empty Poisson batch included (it releases noise only).
+    gradients, or their closed form for Linear-only models: :mod:`client.linear_dpsgd`).
+    Every one of the ``epochs × ⌈n/B⌉`` steps (or τ = ``local-steps``) is taken and
+    charged, an empty Poisson batch included (it releases noise only).
 ``update``
     Client-level DP of each upload w.r.t. replacing the client's whole dataset: the model
     update Δ is clipped to ‖Δ‖₂ <= C and N(0, σ²C²/m) is added locally. One upload alone is
@@ -148,19 +149,10 @@ def train_dpsgd(
     optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
     batches = poisson_batches(n, rate, steps, noise)
     if grad_sample_mode == LINEAR_MODE:
+        # the expected batch size as Opacus derives it (int(n·q)), so every mode takes the same step
         stepper = LinearDPSGD(model, clip=clip, noise_multiplier=noise_multiplier,
                               expected_batch_size=int(n * rate), noise=noise)
-        model.train()
-        losses: list[float] = []
-        for batch in batches:
-            if len(batch) == 0:
-                stepper.empty_gradients()
-            else:
-                index = torch.from_numpy(batch)
-                losses.append(stepper.batch_gradients(x_all[index], y_all[index]))
-            optimizer.step()
-        for p in trainable:
-            p.grad = None
+        losses = _linear_steps(model, optimizer, stepper, x_all, y_all, batches)
     else:
         losses = _opacus_steps(model, optimizer, x_all, y_all, batches, cfg.batch_size, clip=clip,
                                noise_multiplier=noise_multiplier, noise=noise, grad_sample_mode=grad_sample_mode)
@@ -169,6 +161,22 @@ def train_dpsgd(
         "local-steps": float(steps),
     }
     return metrics, [(float(noise_multiplier), rate, steps)]
+
+
+def _linear_steps(model: nn.Module, optimizer: torch.optim.Optimizer, stepper: LinearDPSGD, x_all: torch.Tensor,
+                  y_all: torch.Tensor, batches: Iterator[np.ndarray]) -> list[float]:
+    """DP-SGD steps in closed form on the given batches; the loss of each non-empty one."""
+    model.train()
+    losses: list[float] = []
+    for batch in batches:
+        if len(batch) == 0:
+            stepper.empty_gradients()
+        else:
+            index = torch.from_numpy(batch)
+            losses.append(stepper.batch_gradients(x_all[index], y_all[index]))
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return losses
 
 
 def _opacus_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x_all: torch.Tensor, y_all: torch.Tensor,
