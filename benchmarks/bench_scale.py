@@ -19,6 +19,7 @@ within this one run.
 Usage::
 
     python benchmarks/bench_scale.py --sizes 100 1000 6000 --sampled 20 --rounds 3 --out benchmarks/results/scale.md
+    python benchmarks/bench_scale.py --plot benchmarks/results/scale.json benchmarks/results/scale_simulation.json
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def render(results: list[dict[str, float]], args: argparse.Namespace) -> str:
         "",
         f"`python benchmarks/bench_scale.py --sizes {' '.join(map(str, args.sizes))} --rounds {args.rounds} "
         f"--sampled {args.sampled} --backend {args.backend}` on {datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f} at the end (other jobs were running). Model `cnn2`, 10 examples per "
+        f"{os.getloadavg()[0]:.1f} at the end. Model `cnn2`, 10 examples per "
         f"client, {args.sampled} clients sampled per round at every N, DP-SGD batch 10, backend `{args.backend}`.",
         "",
         "| N | sampled / round | handshake (s) | per round, rounds 2..R (s) | vs smallest N | peak RSS (MB) "
@@ -89,8 +90,36 @@ def render(results: list[dict[str, float]], args: argparse.Namespace) -> str:
             f"{r['per_round_s'] / base['per_round_s']:.2f}x | {r['peak_rss_mb']:.0f} | {r['row_bytes']:,} | "
             f"{r['wall_s']:.0f} |"
         )
-    lines += ["", "Peak RSS is the maximum over the child processes started so far (a running maximum)."]
+    lines += ["", "Peak RSS is the maximum over the child processes started so far (a running maximum); in "
+              "Ray simulation that is the `privet run` / `flwr run` side only (Ray's workers are not its children)."]
     return "\n".join(lines) + "\n"
+
+
+def plot(result_files: list[Path], png: Path) -> None:
+    """Handshake and per-round time against N, one line per results file (backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for path in result_files:
+        data = json.loads(path.read_text())
+        ns = [r["n"] for r in data["results"]]
+        label = {"inprocess": "in-process", "simulation": "Ray simulation"}[data["backend"]]
+        axes[0].plot(ns, [r["per_round_s"] for r in data["results"]], marker="o", label=label)
+        axes[1].plot(ns, [r["handshake_s"] for r in data["results"]], marker="o", label=label)
+    for ax, title in zip(axes, ("per round (s), 120 clients sampled", "handshake, once (s)"), strict=True):
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(ns, [f"{n:,}" for n in ns])
+        ax.set_xlabel("N clients")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,13 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sampled", type=int, default=20, help="clients per round, the same at every N")
     p.add_argument("--backend", choices=("inprocess", "simulation"), default="inprocess")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.md")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.md",
+                   help="the markdown table; the numbers also go beside it as JSON (same name, .json)")
+    p.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
+                   help="only draw these results files (one line per backend) into benchmarks/results/scale.png")
     args = p.parse_args(argv)
+    if args.plot:
+        plot(args.plot, ROOT / "benchmarks" / "results" / "scale.png")
+        return 0
     results = []
     for n in args.sizes:
         results.append(run_once(n, args.rounds, args.backend, args.sampled))
         print(json.dumps(results[-1]), flush=True)
     args.out.write_text(render(results, args))
+    args.out.with_suffix(".json").write_text(json.dumps({"backend": args.backend, "sampled": args.sampled,
+                                                         "rounds": args.rounds, "results": results}, indent=1))
     print(args.out.read_text())
     return 0
 

@@ -17,6 +17,7 @@ from server.registry import build_strategy, train_config
 from server.results import ResultsWriter, RunSummary
 from protocol.log import route_privet_logs_to_flower
 from server.prompt_grid import prompt
+from server.simulation_state import index_simulation_state
 from tasks.datasets import check_available, evaluation_set, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 
@@ -108,5 +109,10 @@ def run_experiment(grid: Grid, run_config: dict, run_id: int) -> RunSummary:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower entry point (``server.app:app``); a deployed grid answers promptly (:mod:`server.prompt_grid`)."""
+    """Flower entry point (``server.app:app``).
+
+    A deployed grid answers promptly (:mod:`server.prompt_grid`); Flower's simulation looks its
+    message store up by node (:mod:`server.simulation_state`).
+    """
+    index_simulation_state(grid)
     run_experiment(prompt(grid), dict(context.run_config), int(context.run_id))
