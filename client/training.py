@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from client.linear_dpsgd import LinearDPSGD
 from privacy.accountants import Step, import_opacus
 from privacy.mechanisms import (
+    dpsgd_expected_batch,
     dpsgd_sample_rate,
     dpsgd_steps_per_round,
     local_noise_multiplier,
@@ -149,9 +150,8 @@ def train_dpsgd(
     optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
     batches = poisson_batches(n, rate, steps, noise)
     if grad_sample_mode == LINEAR_MODE:
-        # the expected batch size as Opacus derives it (int(n·q)), so every mode takes the same step
         stepper = LinearDPSGD(model, clip=clip, noise_multiplier=noise_multiplier,
-                              expected_batch_size=int(n * rate), noise=noise)
+                              expected_batch_size=dpsgd_expected_batch(n, cfg.batch_size), noise=noise)
         losses = _linear_steps(model, optimizer, stepper, x_all, y_all, batches)
     else:
         losses = _opacus_steps(model, optimizer, x_all, y_all, batches, cfg.batch_size, clip=clip,
@@ -186,8 +186,8 @@ def _opacus_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x_all: tor
     import_opacus()  # heavy, only where used; without Opacus' root log handler
     from opacus import PrivacyEngine
 
-    # Opacus reads q and the expected batch size (n·q, for the mean loss) off this loader;
-    # its batches are never used.
+    # Opacus reads q off this loader (its batches are never used); the expected batch size it
+    # divides the noisy sum by is set below.
     loader = DataLoader(TensorDataset(x_all, y_all), batch_size=batch_size)
     criterion = nn.CrossEntropyLoss()
     with warnings.catch_warnings():
@@ -209,6 +209,7 @@ def _opacus_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x_all: tor
         dp_model, dp_optimizer, _ = private
         dp_criterion = criterion
     _private_noise(dp_optimizer, noise)
+    dp_optimizer.expected_batch_size = dpsgd_expected_batch(len(x_all), batch_size)  # not int(n·q): float rounding
     ghost = grad_sample_mode == "ghost"
     dp_model.train()
     losses: list[float] = []

@@ -241,6 +241,16 @@ def dpsgd_sample_rate(num_examples: int, batch_size: int) -> float:
     return 1.0 / dpsgd_batches_per_epoch(num_examples, batch_size)
 
 
+def dpsgd_expected_batch(num_examples: int, batch_size: int) -> int:
+    """⌊n·q⌋ at q = 1/⌈n/B⌉: the expected batch size DP-SGD divides its noisy sum by.
+
+    Opacus takes ``int(n * q)``, which float rounding makes one less for some n where n·q is a
+    whole number (196 · (1/49) = 3.999…: a step 4/3 too large); this is the same figure in
+    integers. It scales the step, not the privacy: the noise is calibrated on the sum.
+    """
+    return num_examples // dpsgd_batches_per_epoch(num_examples, batch_size)
+
+
 def dpsgd_steps_per_round(num_examples: int, batch_size: int, epochs: int, local_steps: int = 0) -> int:
     """DP-SGD steps in one round, every one taken (empty batches too).
 

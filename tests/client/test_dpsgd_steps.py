@@ -53,6 +53,33 @@ def test_empty_batches_are_noise_only_steps_and_are_charged(mode):
     assert moved > 0  # no example was used, yet every step released (and applied) noise
 
 
+class AlwaysSampled(OSEntropyNoise):
+    """A source whose coin flips pick every example: every Poisson batch is the whole dataset."""
+
+    def uniform(self, size: int) -> np.ndarray:
+        return np.zeros(size)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch", "linear"])
+@pytest.mark.parametrize("n, batch", [(196, 4), (392, 4), (16, 4), (30, 4)])
+def test_the_noisy_sum_is_divided_by_the_expected_batch_n_q(mode, n, batch):
+    """One step without noise or clipping on a batch holding all n examples moves the weights by
+    lr · Σᵢ gᵢ / ⌊n·q⌋ at q = 1/⌈n/B⌉; for n = 196, B = 4 that is 4 (float rounding made
+    ``int(196 · (1/49))`` 3 and the step 4/3 too large)."""
+    data = _data(n)
+    model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    reference = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(data.x)), torch.from_numpy(data.y),
+                                             reduction="sum")
+    grads = torch.autograd.grad(loss, list(reference.parameters()))
+    expected = n // -(-n // batch)  # ⌊n / ⌈n/B⌉⌋
+    before = [w.copy() for w in get_weights(model)]
+    cfg = LocalTrainingConfig(epochs=1, batch_size=batch, learning_rate=1.0, momentum=0.0, seed=1, steps=1)
+    train_dpsgd(model, data, cfg, clip=1e9, noise_multiplier=0.0, noise=AlwaysSampled(), grad_sample_mode=mode)
+    for w0, w1, g in zip(before, get_weights(model), grads, strict=True):
+        np.testing.assert_allclose(w0 - w1, g.numpy() / expected, rtol=1e-4, atol=1e-6)
+
+
 def test_poisson_batches_include_each_example_with_rate_q():
     n, q, steps = 2_000, 0.05, 400
     sizes = np.array([len(b) for b in poisson_batches(n, q, steps, OSEntropyNoise())])
