@@ -124,16 +124,18 @@ def load_records(out: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
+def needs_run(done: dict[str, dict[str, Any]], key: str, cfg: dict[str, Any]) -> bool:
+    """A job is run unless a record of its key was made at the same λ and ϑ (a re-tuned method's
+    test runs are run again; the newer record replaces the older)."""
+    return key not in done or any(done[key]["config"].get(k) != cfg[k] for k in SMOOTHING_KEYS if k in cfg)
+
+
 def run_jobs(out: Path, jobs: list[tuple[str, dict[str, Any]]], workers: int) -> dict[str, dict[str, Any]]:
-    """Run the jobs ``out/runs.jsonl`` lacks, or holds at another λ or ϑ (a re-tuned method's test
-    runs; the newer record replaces the older), each record appended as it lands."""
+    """Run the jobs ``out/runs.jsonl`` lacks, or holds at another λ or ϑ (:func:`needs_run`), each
+    record appended as it lands."""
     done = load_records(out)
-
-    def stale(key: str, cfg: dict[str, Any]) -> bool:
-        return key not in done or any(done[key]["config"].get(k) != cfg[k] for k in SMOOTHING_KEYS if k in cfg)
-
     todo = [(key, {**cfg, "out-dir": str(out / "runs" / key)}, str(out / "runs" / key))
-            for key, cfg in jobs if stale(key, cfg)]
+            for key, cfg in jobs if needs_run(done, key, cfg)]
     print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {out / 'runs.jsonl'})", flush=True)
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         for record in pool.map(execute, todo):
