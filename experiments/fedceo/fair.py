@@ -37,7 +37,6 @@ import argparse
 import json
 import logging
 import os
-import random
 import statistics
 import sys
 import time
@@ -71,7 +70,6 @@ TUNE_SEED = 0
 #: what a FedCEO run is tuned by: a test record made at other values is run again
 SMOOTHING_KEYS = ("fedceo.lambda", "fedceo.theta")
 METHODS = {"udp-fedavg": "UDP-FedAvg", "fedceo": "FedCEO", "fedceo-global": "FedCEO, restart = global"}
-BOOTSTRAP = 10_000
 
 
 # ----------------------------------------------------------------------------- runs
@@ -304,19 +302,14 @@ def run(out: Path, sets: list[str], seeds: list[int], methods: list[str], worker
 
 # ----------------------------------------------------------------------------- report
 
-def bootstrap_interval(gaps: list[float], level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of the paired gaps (seeded)."""
-    rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(gaps, k=len(gaps))) for _ in range(BOOTSTRAP))
-    return means[int((1 - level) / 2 * BOOTSTRAP)], means[int((1 + level) / 2 * BOOTSTRAP) - 1]
-
-
 def results_name(sets: list[str]) -> str:
     """``results.md`` for the regime as written, ``results-<overrides>.md`` for a variant of it."""
     return "results.md" if not sets else f"results-{','.join(sorted(sets))}.md"
 
 
 def report(out: Path, sets: list[str]) -> str:
+    from privet.paired import bootstrap_interval
+
     records = load_records(out)
     lines = ["# FedCEO in its own regime: MLP-2, 100 clients, 10 % sampled (Fashion-MNIST)", "",
              f"Written by `experiments/fedceo/fair.py report` from `{out / 'runs.jsonl'}`.", ""]

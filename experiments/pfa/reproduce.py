@@ -91,6 +91,8 @@ _PAPER_ROWS = {
     ("cnn", "shards", "mixgauss3", 30): (0.57, 0.55, 0.56, 0.55, 0.48, 0.65, 0.83),
 }
 PAPER = {key: dict(zip(_ORDER, row)) for key, row in _PAPER_ROWS.items()}
+#: the paper's claims as paired comparisons (a, b): a − b on the seeds both ran
+PAIRS = (("pfa", "weiavg"), ("pfa-plus", "pfa"))
 PAPER_SOURCE = {"iid-mixgauss1": "Fig. 3", "iid-mixgauss3": "Fig. 10",
                 "shards-mixgauss1": "Fig. 11 (fMNIST panels duplicate MNIST's: not reported)",
                 "shards-mixgauss3": "Fig. 12"}
@@ -267,8 +269,35 @@ def render(records: list[dict[str, Any]]) -> str:
                 f"{'yes' if all(r['within_budget'] for r in runs) else 'NO'} | "
                 f"{f'{ref:.2f}' if ref is not None else 'n/a'} |"
             )
+        lines += paired_lines(rows)
         lines.append("")
     return "\n".join(lines)
+
+
+def paired_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """For each of :data:`PAIRS` run on at least 2 common seeds: the mean gap a − b in percentage
+    points of the final and the last-10 accuracy, with its 95 % bootstrap interval (privet.paired),
+    and the per-seed last-10 gaps."""
+    from privet.paired import bootstrap_interval, paired_gaps
+
+    lines: list[str] = []
+    for a, b in PAIRS:
+        # older records kept only the last 3 rounds: they are not paired
+        by_seed = {m: {r["seed"]: r for r in rows if r["method"] == m and "last10_accuracy" in r} for m in (a, b)}
+        gaps = {metric: paired_gaps({s: 100 * r[metric] for s, r in by_seed[a].items()},
+                                    {s: 100 * r[metric] for s, r in by_seed[b].items()})
+                for metric in ("final_accuracy", "last10_accuracy")}
+        if len(gaps["final_accuracy"]) < 2:
+            continue
+        cells = []
+        for metric, name in (("final_accuracy", "final"), ("last10_accuracy", "last 10")):
+            xs = list(gaps[metric].values())
+            low, high = bootstrap_interval(xs)
+            cells.append(f"{name} {statistics.fmean(xs):+.1f} [{low:+.1f}, {high:+.1f}]")
+        per_seed = ", ".join(f"{g:+.1f}" for g in gaps["last10_accuracy"].values())
+        lines += ["", f"{METHODS[a]} − {METHODS[b]}, paired on seeds {', '.join(map(str, gaps['final_accuracy']))} "
+                      f"(pp, mean [95 % bootstrap]): {'; '.join(cells)}; last 10 per seed: {per_seed}."]
+    return lines
 
 
 def main() -> int:

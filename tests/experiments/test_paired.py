@@ -1,0 +1,68 @@
+"""Paired seed comparisons of the reproduction drivers (privet.paired, PFA's reproduce.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from privet.paired import bootstrap_interval, paired_gaps
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("pfa_reproduce", ROOT / "experiments" / "pfa" / "reproduce.py")
+assert _spec is not None and _spec.loader is not None
+reproduce = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reproduce)
+
+
+def test_interval_is_translation_equivariant_and_holds_the_mean():
+    gaps = [-11.6, 9.6, -4.4, -1.3, -2.5]
+    low, high = bootstrap_interval(gaps)
+    assert min(gaps) <= low <= statistics.fmean(gaps) <= high <= max(gaps)
+    shifted = bootstrap_interval([g + 7.0 for g in gaps])  # same resampling, every mean moves by 7
+    assert shifted == pytest.approx((low + 7.0, high + 7.0))
+    assert bootstrap_interval(gaps) == (low, high)  # seeded: a rebuilt report is the same
+
+
+def test_interval_narrows_as_the_seeds_agree_and_collapses_when_they_all_do():
+    spread = bootstrap_interval([-4.0, 0.0, 4.0, 8.0, 12.0])
+    tight = bootstrap_interval([3.0, 3.5, 4.0, 4.5, 5.0])
+    assert tight[1] - tight[0] < spread[1] - spread[0]
+    assert bootstrap_interval([2.5] * 5) == (2.5, 2.5)
+    with pytest.raises(ValueError):
+        bootstrap_interval([])
+
+
+def test_gaps_pair_only_seeds_both_methods_ran():
+    assert paired_gaps({1: 0.7, 2: 0.6, 4: 0.5}, {2: 0.5, 1: 0.4, 3: 0.9}) == pytest.approx({1: 0.3, 2: 0.1})
+
+
+def _run(method: str, seed: int, final: float, last10: float) -> dict[str, object]:
+    return {"method": method, "seed": seed, "final_accuracy": final, "last10_accuracy": last10}
+
+
+def test_report_line_is_the_difference_of_the_two_methods_means():
+    pfa = {1: (0.70, 0.71), 2: (0.66, 0.64), 3: (0.73, 0.70)}
+    weiavg = {1: (0.60, 0.62), 2: (0.69, 0.65), 3: (0.55, 0.50), 4: (0.9, 0.9)}  # seed 4: unpaired
+    rows = [_run("pfa", s, *v) for s, v in pfa.items()] + [_run("weiavg", s, *v) for s, v in weiavg.items()]
+    lines = [line for line in reproduce.paired_lines(rows) if line]
+    assert len(lines) == 1 and lines[0].startswith("PFA − WeiAvg, paired on seeds 1, 2, 3 ")
+    numbers = [float(x) for x in re.findall(r"[+-]\d+\.\d", lines[0])]
+    final_gap, last10_gap = numbers[0], numbers[3]
+    # mean of the paired gaps = difference of the means over the common seeds (linearity)
+    assert final_gap == pytest.approx(100 * (statistics.fmean(v[0] for v in pfa.values())
+                                             - statistics.fmean(weiavg[s][0] for s in pfa)), abs=0.05)
+    assert last10_gap == pytest.approx(100 * (statistics.fmean(v[1] for v in pfa.values())
+                                              - statistics.fmean(weiavg[s][1] for s in pfa)), abs=0.05)
+    assert numbers[-3:] == pytest.approx([+9.0, -1.0, +20.0], abs=0.05)  # last 10, per seed
+
+
+def test_no_paired_line_from_a_single_common_seed_or_from_records_without_last_10():
+    rows = [_run("pfa", 0, 0.7, 0.7), _run("weiavg", 0, 0.6, 0.6), _run("pfa-plus", 0, 0.7, 0.7)]
+    assert reproduce.paired_lines(rows) == []
+    older = [{"method": m, "seed": s, "final_accuracy": 0.5, "last3_accuracy": 0.5}
+             for m in ("pfa", "weiavg") for s in (1, 2)]
+    assert reproduce.paired_lines(older) == []
