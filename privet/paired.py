@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, TypeVar
 
 __all__ = ["BOOTSTRAP", "bootstrap_interval", "paired_gaps"]
+
+#: a seed, as the records name it (an int, or its text)
+Seed = TypeVar("Seed", int, str)
 
 #: bootstrap resamples of the mean gap
 BOOTSTRAP = 10_000
@@ -30,6 +33,6 @@ def bootstrap_interval(gaps: Sequence[float], level: float = 0.95) -> tuple[floa
     return means[int((1 - level) / 2 * BOOTSTRAP)], means[int((1 + level) / 2 * BOOTSTRAP) - 1]
 
 
-def paired_gaps(a: Mapping[int, float], b: Mapping[int, float]) -> dict[int, float]:
+def paired_gaps(a: Mapping[Seed, float], b: Mapping[Seed, float]) -> dict[Seed, float]:
     """a_s − b_s on every seed s both were run on, in seed order."""
     return {seed: a[seed] - b[seed] for seed in sorted(set(a) & set(b))}

@@ -308,7 +308,7 @@ def results_name(sets: list[str]) -> str:
 
 
 def report(out: Path, sets: list[str]) -> str:
-    from privet.paired import bootstrap_interval
+    from privet.paired import bootstrap_interval, paired_gaps
 
     records = load_records(out)
     lines = ["# FedCEO in its own regime: MLP-2, 100 clients, 10 % sampled (Fashion-MNIST)", "",
@@ -374,7 +374,8 @@ def report(out: Path, sets: list[str]) -> str:
                 continue
             cells = []
             for metric in ("final_accuracy", "best_accuracy", "last10_accuracy"):
-                gaps = [100 * (paired[s][metric] - base[s][metric]) for s in seeds]
+                gaps = list(paired_gaps({s: 100 * r[metric] for s, r in paired.items()},
+                                        {s: 100 * r[metric] for s, r in base.items()}).values())
                 low, high = bootstrap_interval(gaps)
                 cells.append(f"{statistics.fmean(gaps):+.2f} [{low:+.2f}, {high:+.2f}]")
             lines.append(f"| {METHODS[method]} ({len(seeds)} seeds) | {' | '.join(cells)} |")
