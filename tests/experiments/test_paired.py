@@ -1,4 +1,4 @@
-"""Paired seed comparisons of the reproduction drivers (privet.paired, PFA's reproduce.py)."""
+"""Paired seed comparisons of the reproduction drivers (privet.paired, PFA's reproduce.py) and PFA's learning-rate tuning."""
 
 from __future__ import annotations
 
@@ -66,3 +66,29 @@ def test_no_paired_line_from_a_single_common_seed_or_from_records_without_last_1
     older = [{"method": m, "seed": s, "final_accuracy": 0.5, "last3_accuracy": 0.5}
              for m in ("pfa", "weiavg") for s in (1, 2)]
     assert reproduce.paired_lines(older) == []
+
+
+def _validation_run(method: str, lr: float, rounds: int, last10: float, seed: int = 0,
+                    split: str = "validation") -> dict[str, object]:
+    return {"setting": "s", "method": method, "seed": seed, "last10_accuracy": last10,
+            "config": {"evaluation-split": split, "calibration": "accountant",
+                       "learning-rate": lr, "num-server-rounds": rounds}}
+
+
+def test_tuning_compares_rates_within_the_longest_horizon_only():
+    # At 25 rounds the fast rate wins by far; at 50 the slow one does. Pooling both horizons
+    # would pick 0.025 (.665 vs .575); the 50-round runs alone pick 0.01.
+    records = [_validation_run("pfa", 0.025, 25, 0.80), _validation_run("pfa", 0.01, 25, 0.50),
+               _validation_run("pfa", 0.025, 50, 0.53), _validation_run("pfa", 0.01, 50, 0.65),
+               _validation_run("weiavg", 0.005, 25, 0.40), _validation_run("weiavg", 0.0025, 25, 0.30)]
+    best = reproduce.tuned_learning_rates(records)
+    assert best[("s", "pfa", "accountant")] == 0.01
+    assert best[("s", "pfa-plus", "accountant")] == 0.01      # inherits PFA's rate
+    assert best[("s", "weiavg", "accountant")] == 0.005       # only tuned at 25 rounds
+
+
+def test_tuning_averages_seeds_and_ignores_test_runs():
+    records = [_validation_run("pfa", 0.01, 50, 0.70, seed=0), _validation_run("pfa", 0.01, 50, 0.50, seed=1),
+               _validation_run("pfa", 0.005, 50, 0.62, seed=0),
+               _validation_run("pfa", 0.05, 50, 0.99, split="test")]
+    assert reproduce.tuned_learning_rates(records)[("s", "pfa", "accountant")] == 0.005
