@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+class TuningCaveat(UserWarning):
+    """A learning rate picked on validation that its tuning horizon cannot vouch for."""
+
+
 def tuned_learning_rates(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
     """(setting, method, calibration) -> the learning rate whose validation runs had the best
     mean accuracy over their last 10 rounds (averaged over the seeds run).
@@ -127,6 +132,9 @@ def tuned_learning_rates(records: list[dict[str, Any]]) -> dict[tuple[str, str, 
     Rates are compared only within one tuning horizon (``num-server-rounds``), and the longest
     horizon tuned decides: the best rate for 25 rounds need not be the best for 50, and averaging
     runs of different lengths would compare a rate's early accuracy with another's late one.
+    A :class:`TuningCaveat` warns where that horizon cannot vouch for its pick: a single rate
+    tuned (nothing was compared), or a pick at the edge of the rates tuned (one beyond it may do
+    better, so the method's accuracy is a lower estimate).
     """
     scores: dict[tuple[str, str, str], dict[int, dict[float, list[float]]]] = {}
     for r in records:
@@ -138,8 +146,18 @@ def tuned_learning_rates(records: list[dict[str, Any]]) -> dict[tuple[str, str, 
         by_horizon.setdefault(float(cfg["learning-rate"]), []).append(r["last10_accuracy"])
     best: dict[tuple[str, str, str], float] = {}
     for key, horizons in scores.items():
-        by_lr = horizons[max(horizons)]
+        rounds = max(horizons)
+        by_lr = horizons[rounds]
         best[key] = max(by_lr, key=lambda lr: statistics.fmean(by_lr[lr]))
+        where = f"{' / '.join(key)}: learning rate {best[key]:g}"
+        if len(by_lr) == 1:
+            warnings.warn(f"{where} is the only rate tuned over {rounds} rounds; nothing was compared",
+                          TuningCaveat, stacklevel=2)
+        elif best[key] in (min(by_lr), max(by_lr)):
+            edge = "smallest" if best[key] == min(by_lr) else "largest"
+            warnings.warn(f"{where} is the {edge} of the rates tuned over {rounds} rounds "
+                          f"({', '.join(f'{lr:g}' for lr in sorted(by_lr))}); one beyond it may do better",
+                          TuningCaveat, stacklevel=2)
     for (setting, method, calibration), lr in list(best.items()):
         if method == "pfa":
             best.setdefault((setting, "pfa-plus", calibration), lr)

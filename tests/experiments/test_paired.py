@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import statistics
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,8 @@ def test_tuning_compares_rates_within_the_longest_horizon_only():
     records = [_validation_run("pfa", 0.025, 25, 0.80), _validation_run("pfa", 0.01, 25, 0.50),
                _validation_run("pfa", 0.025, 50, 0.53), _validation_run("pfa", 0.01, 50, 0.65),
                _validation_run("weiavg", 0.005, 25, 0.40), _validation_run("weiavg", 0.0025, 25, 0.30)]
-    best = reproduce.tuned_learning_rates(records)
+    with pytest.warns(reproduce.TuningCaveat):   # each pick is at an edge of its two rates
+        best = reproduce.tuned_learning_rates(records)
     assert best[("s", "pfa", "accountant")] == 0.01
     assert best[("s", "pfa-plus", "accountant")] == 0.01      # inherits PFA's rate
     assert best[("s", "weiavg", "accountant")] == 0.005       # only tuned at 25 rounds
@@ -91,4 +93,21 @@ def test_tuning_averages_seeds_and_ignores_test_runs():
     records = [_validation_run("pfa", 0.01, 50, 0.70, seed=0), _validation_run("pfa", 0.01, 50, 0.50, seed=1),
                _validation_run("pfa", 0.005, 50, 0.62, seed=0),
                _validation_run("pfa", 0.05, 50, 0.99, split="test")]
-    assert reproduce.tuned_learning_rates(records)[("s", "pfa", "accountant")] == 0.005
+    with pytest.warns(reproduce.TuningCaveat):
+        assert reproduce.tuned_learning_rates(records)[("s", "pfa", "accountant")] == 0.005
+
+
+def test_tuning_warns_where_the_longest_horizon_cannot_vouch_for_its_pick():
+    inside = [_validation_run("pfa", lr, 50, acc) for lr, acc in ((0.005, 0.60), (0.01, 0.65), (0.025, 0.55))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reproduce.tuned_learning_rates(inside)[("s", "pfa", "accountant")] == 0.01
+    # A single rate at the longest horizon: nothing was compared, whatever the 25-round runs said.
+    lone = [_validation_run("weiavg", 0.0025, 50, 0.28), _validation_run("weiavg", 0.01, 25, 0.30),
+            _validation_run("weiavg", 0.0025, 25, 0.25)]
+    with pytest.warns(reproduce.TuningCaveat, match=r"weiavg / accountant: learning rate 0.0025 is the only rate"):
+        reproduce.tuned_learning_rates(lone)
+    # The smallest rate tried wins: a smaller one might do better still.
+    edge = [_validation_run("minimum", lr, 50, acc) for lr, acc in ((0.001, 0.38), (0.005, 0.35))]
+    with pytest.warns(reproduce.TuningCaveat, match=r"0.001 is the smallest of the rates tuned over 50 rounds \(0.001, 0.005\)"):
+        reproduce.tuned_learning_rates(edge)
