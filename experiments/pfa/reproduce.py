@@ -125,16 +125,18 @@ class TuningCaveat(UserWarning):
     """A learning rate picked on validation that its tuning horizon cannot vouch for."""
 
 
-def tuned_learning_rates(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+def tuned_learning_rates(records: list[dict[str, Any]],
+                         requested: set[tuple[str, str, str]] | None = None) -> dict[tuple[str, str, str], float]:
     """(setting, method, calibration) -> the learning rate whose validation runs had the best
     mean accuracy over their last 10 rounds (averaged over the seeds run).
 
     Rates are compared only within one tuning horizon (``num-server-rounds``), and the longest
     horizon tuned decides: the best rate for 25 rounds need not be the best for 50, and averaging
     runs of different lengths would compare a rate's early accuracy with another's late one.
-    A :class:`TuningCaveat` warns where that horizon cannot vouch for its pick: a single rate
+    A :class:`TuningCaveat` warns where that horizon cannot vouch for a pick: a single rate
     tuned (nothing was compared), or a pick at the edge of the rates tuned (one beyond it may do
-    better, so the method's accuracy is a lower estimate).
+    better, so the method's accuracy is a lower estimate). With ``requested`` (the keys a run
+    will use) only their picks are vouched for, PFA's where PFA+ borrows its rate; else every one.
     """
     scores: dict[tuple[str, str, str], dict[int, dict[float, list[float]]]] = {}
     for r in records:
@@ -145,22 +147,27 @@ def tuned_learning_rates(records: list[dict[str, Any]]) -> dict[tuple[str, str, 
         by_horizon = scores.setdefault(key, {}).setdefault(int(cfg["num-server-rounds"]), {})
         by_horizon.setdefault(float(cfg["learning-rate"]), []).append(r["last10_accuracy"])
     best: dict[tuple[str, str, str], float] = {}
+    caveats: dict[tuple[str, str, str], str] = {}
     for key, horizons in scores.items():
         rounds = max(horizons)
         by_lr = horizons[rounds]
         best[key] = max(by_lr, key=lambda lr: statistics.fmean(by_lr[lr]))
         where = f"{' / '.join(key)}: learning rate {best[key]:g}"
         if len(by_lr) == 1:
-            warnings.warn(f"{where} is the only rate tuned over {rounds} rounds; nothing was compared",
-                          TuningCaveat, stacklevel=2)
+            caveats[key] = f"{where} is the only rate tuned over {rounds} rounds; nothing was compared"
         elif best[key] in (min(by_lr), max(by_lr)):
             edge = "smallest" if best[key] == min(by_lr) else "largest"
-            warnings.warn(f"{where} is the {edge} of the rates tuned over {rounds} rounds "
-                          f"({', '.join(f'{lr:g}' for lr in sorted(by_lr))}); one beyond it may do better",
-                          TuningCaveat, stacklevel=2)
+            caveats[key] = (f"{where} is the {edge} of the rates tuned over {rounds} rounds "
+                            f"({', '.join(f'{lr:g}' for lr in sorted(by_lr))}); one beyond it may do better")
+    borrowed: dict[tuple[str, str, str], tuple[str, str, str]] = {}
     for (setting, method, calibration), lr in list(best.items()):
-        if method == "pfa":
-            best.setdefault((setting, "pfa-plus", calibration), lr)
+        plus = (setting, "pfa-plus", calibration)
+        if method == "pfa" and plus not in best:
+            best[plus] = lr
+            borrowed[plus] = (setting, method, calibration)
+    vouched = best if requested is None else requested
+    for key in sorted({borrowed.get(k, k) for k in vouched} & caveats.keys()):
+        warnings.warn(caveats[key], TuningCaveat, stacklevel=2)
     return best
 
 
@@ -177,7 +184,7 @@ def run_config(setting: str, method: str, seed: int, sets: list[str], out_dir: s
     if method == "fedavg":
         cfg["budget-distribution"] = "none"
     if tuned is not None:
-        key = (setting, method, str(cfg.get("calibration", "accountant")))
+        key = _tuning_key(setting, cfg)
         if key not in tuned:
             raise SystemExit(f"--tuned has no validation runs for {key}; tune it first")
         cfg["learning-rate"] = tuned[key]
@@ -222,6 +229,11 @@ def run_job(job: tuple[str, str, int, list[str], str, dict[tuple[str, str, str],
         budgets = tomllib.load(fh)["budget-distribution"]
     return {"setting": setting, "sets": sorted(sets), "method": method, "seed": seed,
             "config": {**cfg, "setting-budgets": budgets}, **result}
+
+
+def _tuning_key(setting: str, cfg: dict[str, Any]) -> tuple[str, str, str]:
+    """What a tuned learning rate is looked up by: (setting, method, calibration)."""
+    return setting, str(cfg["strategy"]), str(cfg.get("calibration", "accountant"))
 
 
 def _group_key(record: dict[str, Any]) -> tuple[str, str]:
@@ -339,7 +351,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pfa-repro-") as tmp:
         tuned = None
         if args.tuned is not None:
-            tuned = tuned_learning_rates([json.loads(line) for line in args.tuned.read_text().splitlines()])
+            requested = {_tuning_key(setting, run_config(setting, method, 0, list(args.set), tmp))
+                         for setting in args.settings for method in args.methods}
+            tuned = tuned_learning_rates([json.loads(line) for line in args.tuned.read_text().splitlines()],
+                                         requested)
         jobs = [(setting, method, seed, list(args.set), f"{tmp}/{setting}-{method}-{seed}", tuned)
                 for setting in args.settings for method in args.methods for seed in args.seeds]
         with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:

@@ -111,3 +111,20 @@ def test_tuning_warns_where_the_longest_horizon_cannot_vouch_for_its_pick():
     edge = [_validation_run("minimum", lr, 50, acc) for lr, acc in ((0.001, 0.38), (0.005, 0.35))]
     with pytest.warns(reproduce.TuningCaveat, match=r"0.001 is the smallest of the rates tuned over 50 rounds \(0.001, 0.005\)"):
         reproduce.tuned_learning_rates(edge)
+
+
+def test_tuning_caveats_only_for_the_picks_a_run_uses():
+    # Two methods tuned at 50 rounds: WeiAvg's pick sits at an edge, PFA's inside its grid.
+    records = [_validation_run("weiavg", lr, 50, acc) for lr, acc in ((0.001, 0.38), (0.005, 0.35))]
+    records += [_validation_run("pfa", lr, 50, acc) for lr, acc in ((0.005, 0.60), (0.01, 0.65), (0.025, 0.55))]
+    pfa, weiavg = ("s", "pfa", "accountant"), ("s", "weiavg", "accountant")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a run of PFA (or of PFA+, at PFA's rate) hears nothing of WeiAvg
+        assert reproduce.tuned_learning_rates(records, requested={pfa})[pfa] == 0.01
+        assert reproduce.tuned_learning_rates(records, requested={("s", "pfa-plus", "accountant")})[weiavg] == 0.001
+    with pytest.warns(reproduce.TuningCaveat, match=r"weiavg / accountant: learning rate 0.001 is the smallest"):
+        reproduce.tuned_learning_rates(records, requested={pfa, weiavg})
+    # PFA+ borrowing an edge pick from PFA hears PFA's caveat.
+    edge_pfa = [_validation_run("pfa", lr, 50, acc) for lr, acc in ((0.01, 0.65), (0.025, 0.55))]
+    with pytest.warns(reproduce.TuningCaveat, match=r"s / pfa / accountant: learning rate 0.01 is the smallest"):
+        reproduce.tuned_learning_rates(edge_pfa, requested={("s", "pfa-plus", "accountant")})
