@@ -20,7 +20,7 @@ from strategies.dpfedc import plain_mean, schedule
 from tasks.clustering import (
     ClusteringParams,
     cluster_labels,
-    clustering_accuracy,
+    accuracies,
     initial_memberships,
     nmi,
     objective,
@@ -31,7 +31,8 @@ from tasks.clustering import (
 class SimulationResult:
     """Per-round curves of one simulated run (round 0 = the shared initial point)."""
 
-    accuracy: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)  # one-to-one (Hungarian) matching
+    accuracy_majority: list[float] = field(default_factory=list)  # every cluster to its majority label
     nmi: list[float] = field(default_factory=list)
     objective: list[float] = field(default_factory=list)
     epsilon: dict[int, float] = field(default_factory=dict)  # client -> rigorous ε of the rounds joined
@@ -61,7 +62,9 @@ def simulate(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], w0: np.ndarray,
 
     def record(w_now: np.ndarray) -> None:
         pred = np.concatenate([cluster_labels(h) for h in hs])
-        res.accuracy.append(clustering_accuracy(pred, labels))
+        acc = accuracies(pred, labels)
+        res.accuracy.append(acc["accuracy"])
+        res.accuracy_majority.append(acc["accuracy_majority"])
         res.nmi.append(nmi(pred, labels))
         res.objective.append(objective(xs, w_now, hs, params))
 

