@@ -29,7 +29,10 @@ reconstruction's s². Written on [0, 1] data, raw pixels are the same run with �
 255² and H⁰ divided by 255 (the H and W steps map onto each other exactly). On [0, 1] data
 with the paper's ρ the penalty is ~5·10⁻⁵ of the objective, H stays soft and the method is
 federated NMF; on raw pixels the penalty binds and H becomes (nearly) one-hot, the k-means-like
-clustering the paper's (11)-(12) relax. ``scale=1.0`` gives the old [0, 1] data.
+clustering the paper's (11)-(12) relax. What decides is the data's scale relative to W⁰'s:
+raw pixels with W⁰ also multiplied by 255 would be the [0, 1] run exactly (W = 255·W̃, H = H̃).
+The paper's "randomly generated initial feasible points" does not say which; ours is
+U[0, 0.5) on raw pixels. ``scale=1.0`` gives the old [0, 1] data.
 """
 
 from __future__ import annotations
