@@ -48,9 +48,10 @@ ENV PYTHONUNBUFFERED=1 \
 RUN python3 -c 'import sys; assert sys.version_info[:2] == (3, 11), "privet needs Python 3.11: " + sys.version' \
     && python3 -m venv /opt/venv
 
-# 1) Dependencies, in their own layer (rebuilt only when pyproject.toml or the wheelhouse
-#    changes). `.wheelhouse*` matches nothing when there is no wheelhouse: then the index is used.
-COPY pyproject.toml .wheelhouse* /tmp/wheelhouse/
+# 1) Dependencies, in their own layer (rebuilt only when pyproject.toml, constraints.txt or the
+#    wheelhouse changes): pyproject's ranges at the exact versions of constraints.txt (the tested
+#    set). `.wheelhouse*` matches nothing when there is no wheelhouse: then the index is used.
+COPY pyproject.toml constraints.txt .wheelhouse* /tmp/wheelhouse/
 RUN set -eu; \
     cd /tmp/wheelhouse; \
     python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > requirements.txt; \
@@ -66,7 +67,7 @@ RUN set -eu; \
     else \
         pip install --index-url "$TORCH_INDEX_URL" "torch==2.13.0" || pip install "$@" "torch==2.13.0"; \
     fi; \
-    pip install "$@" -r requirements.txt hatchling; \
+    pip install "$@" -c constraints.txt -r requirements.txt hatchling; \
     rm -rf /tmp/wheelhouse
 
 # 2) Fashion-MNIST IDX files, when the build context has them in deploy/data/

@@ -4,7 +4,7 @@
 #   bash setup.sh               venv + packages + Fashion-MNIST, then `privet run`
 #   bash setup.sh --no-run      set up only (what CI does before the tests)
 #
-# Python 3.11 is required (the pinned torch 2.13.0 CPU wheel). Fashion-MNIST comes from
+# Python 3.11 is required (the torch 2.13.0 CPU wheel). Fashion-MNIST comes from
 # Debian's `dataset-fashion-mnist` package where apt is available; otherwise the loader
 # falls back to the Hugging Face copy through flwr-datasets (needs network once).
 set -euo pipefail
@@ -38,11 +38,13 @@ if [[ ! -x .venv/bin/python ]]; then
     echo "==> creating .venv"
     "$PY" -m venv .venv
 fi
-echo "==> installing packages (torch 2.13.0 CPU, flwr 1.39.0, opacus 1.6.0, ...)"
+echo "==> installing packages: the versions in constraints.txt (torch 2.13.0 CPU, flwr $(sed -n 's/^flwr==//p' constraints.txt), ...)"
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch first and pinned, so no other requirement can pull a multi-GB CUDA build
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test]"
+# pyproject.toml states the supported ranges; constraints.txt the exact versions tested here
+# (scripts/freeze-constraints.sh writes it from a venv; scripts/test-newest-flower.sh tries the newest Flower)
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
 
 # `source .venv/bin/activate` then gives a Flower user `flwr run .` as is: flwr and
 # flower-superlink on PATH, and no runtime dependency installation (Flower 1.39 would

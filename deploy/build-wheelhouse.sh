@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Collect wheels for every pinned dependency of privet (and the build backend), so that
+# Collect wheels for every dependency of privet (and the build backend), so that
 # `docker build` can install them with `pip install --no-index --find-links`: for
 # air-gapped sites and for CI.
 #
@@ -20,6 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # a plain `torch` would pull a multi-GB CUDA build.
 "$PY" -m pip download --quiet --dest "$DIR" --find-links "$DIR" "torch==2.13.0"
 # everything else the project needs, as wheels (sdists are built into wheels here)
-"$PY" -m pip wheel --quiet --wheel-dir "$DIR" --find-links "$DIR" "$ROOT" hatchling
+# at the exact versions tested here (constraints.txt; pyproject.toml only states ranges)
+"$PY" -m pip wheel --quiet --wheel-dir "$DIR" --find-links "$DIR" -c "$ROOT/constraints.txt" "$ROOT" hatchling
 rm -f "$DIR"/privet-*.whl   # the image builds privet from its own source
 echo "wheelhouse $DIR: $(ls "$DIR" | wc -l) files, $(du -sh "$DIR" | cut -f1)"

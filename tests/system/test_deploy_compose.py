@@ -45,7 +45,7 @@ BUDGETS = [1.0, 2.5, 6.0]
 #: the build context: the files the Dockerfile copies, and every package the wheel ships
 PACKAGES = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
     "packages"]
-CONTEXT_FILES = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", *PACKAGES]
+CONTEXT_FILES = ["Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt", "README.md", *PACKAGES]
 
 
 def _run(cmd: list[str], timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -116,7 +116,8 @@ def _wheelhouse(timings: dict) -> Path:
     import tomllib
 
     deps = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["project"]["dependencies"]
-    stamp = hashlib.sha256(json.dumps(sorted(deps)).encode()).hexdigest()
+    pins = (APP_DIR / "constraints.txt").read_text()  # the exact versions the wheelhouse holds
+    stamp = hashlib.sha256(json.dumps([sorted(deps), pins]).encode()).hexdigest()
     stamp_file = wheels / ".deps-sha256"
     if not (stamp_file.exists() and stamp_file.read_text() == stamp):
         t = time.monotonic()
@@ -171,7 +172,10 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
     assert user != "0", "the image runs as a non-root user"
     versions = _run(["docker", "run", "--rm", "--network", "none", IMAGE, "python", "-c",
                      "import flwr, torch, opacus; print(flwr.__version__, torch.__version__, opacus.__version__)"])
-    assert versions.stdout.split()[0] == "1.39.0" and versions.stdout.split()[1].startswith("2.13.0")
+    pins = dict(line.split("==", 1) for line in (APP_DIR / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    flwr_v, torch_v, opacus_v = versions.stdout.split()  # the image holds exactly the tested versions
+    assert (flwr_v, torch_v.split("+")[0], opacus_v) == (pins["flwr"], pins["torch"], pins["opacus"])
 
     certs, keys = generate_certs(ctx / "deploy", 3)
     _run(["python3", str(APP_DIR / "deploy" / "compose.py"), "3", "--budgets", ",".join(map(str, BUDGETS)),
