@@ -249,7 +249,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"'gdpfed.group-epsilons': the first threshold {self.gdpfed.group_epsilons[0]:g} is "
                              f"above the smallest simulated budget {min(budgets):g}; those clients would be refused")
         plan_groups(cls.variant, self.gdpfed, [(e, self.delta) for e in budgets], self.num_server_rounds,
-                    self.clip, lr=self.learning_rate, local_steps=self.local_steps or self.local_epochs)
+                    self.clip, lr=self.learning_rate, local_steps=self.local_steps or self.local_epochs,
+                    accountant=self.accountant)
 
     @property
     def budget_params(self) -> dict[str, Any]:
