@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,62 @@ APP_DIR = Path(__file__).resolve().parents[1]
 
 class CliError(RuntimeError):
     """A user-facing failure: printed without a traceback."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """``privet run`` received SIGINT (Ctrl-C) or SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+#: Seconds an interrupted run's simulation gets to write what its server knows and exit.
+INTERRUPT_GRACE_S = 90.0
+
+
+@contextmanager
+def signals_raise(handler: Any = None) -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread (``handler``: instead do that)."""
+    def raise_interrupted(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    saved = {s: signal.signal(s, handler or raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, previous in saved.items():
+            signal.signal(s, previous)
+
+
+def muting(console: "RunConsole") -> Any:
+    """A SIGINT/SIGTERM handler that silences ``console`` (lines still go to run.log), then raises
+    :class:`Interrupted`: what the interrupted run logs while it writes its summary stays off the screen."""
+    def handler(signum: int, _frame: Any) -> None:
+        console.mute()
+        raise Interrupted(signum)
+    return handler
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse, before any work, a results directory that cannot be created and written.
+
+    The nearest existing folder on the way to ``out`` must take a new entry: one is made and
+    removed at once (so a read-only or virtual file system, or a file in the way, is found now,
+    whoever runs it), and nothing is left behind.
+    """
+    if out.exists() and not out.is_dir():
+        raise CliError(f"'out-dir' (--out) {out} exists and is not a folder")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CliError(f"'out-dir' (--out) {out}: {parent} is a file, so no folder can be made below it")
+    try:
+        probe = tempfile.mkdtemp(prefix=".privet-write-check-", dir=parent)
+    except OSError as exc:
+        raise CliError(f"'out-dir' (--out) {out} cannot be written: {parent}: {exc.strerror or exc}") from None
+    os.rmdir(probe)
 
 
 # ------------------------------------------------------------------ config merging
@@ -264,13 +322,42 @@ def wait_for_simulation(flwr_home: Path, timeout: float) -> bool:
     return True
 
 
-def stop_simulation(flwr_home: Path) -> None:
-    """SIGTERM what is left of this run's ``flwr-simulation`` (never anyone else's)."""
+def stop_simulation(flwr_home: Path, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to what is left of this run's ``flwr-simulation`` (never anyone else's)."""
     for pid in simulation_pids(flwr_home):
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, sig)
         except ProcessLookupError:
             continue
+
+
+def stop_interrupted(flwr_home: Path, proc: subprocess.Popen[str] | None, grace: float = INTERRUPT_GRACE_S) -> None:
+    """Stop an interrupted simulation so that it writes what its server knows, quietly.
+
+    Flower's ``flwr-simulation`` handles SIGINT by stopping its Simulation Runtime (its SIGTERM
+    handler is Ray's, a bare ``sys.exit``); privet's results writer then interrupts the ServerApp's
+    thread, which writes ``summary.json`` (status "interrupted") before the process exits
+    (:func:`server.results.interrupt_on_exit_signal`). This
+    waits up to ``grace`` seconds for that; another SIGINT/SIGTERM cuts the wait short, and what is
+    left is killed. ``flwr run`` (which streams the log) is stopped as well.
+    """
+    def hurry(_signum: int, _frame: Any) -> None:
+        raise Interrupted(_signum)
+
+    with signals_raise(hurry):
+        try:
+            stop_simulation(flwr_home, signal.SIGINT)
+            wait_for_simulation(flwr_home, grace)
+        except Interrupted:
+            pass
+        finally:
+            stop_simulation(flwr_home, signal.SIGKILL)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 def stop_local_superlink(flwr_home: Path) -> None:
@@ -318,16 +405,21 @@ def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_
                   "client-resources-num-cpus=1 client-resources-num-gpus=0.0")
     cmd = [_flwr_bin("flwr"), "run", str(app_dir), "--run-config", str(overrides),
            "--federation-config", federation, "--stream"]
+    proc: subprocess.Popen[str] | None = None
     try:
-        if console is None:
-            subprocess.run(cmd, env=env, cwd=flwr_home, check=False)
-        else:
-            with subprocess.Popen(cmd, env=env, cwd=flwr_home, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                  errors="replace") as proc:
-                assert proc.stdout is not None
+        # flwr run's own Ctrl-C output never reaches the console (its stdout is read here); an
+        # interrupt stops the simulation so that its server writes what it knows (stop_interrupted)
+        proc = subprocess.Popen(cmd, env=env, cwd=flwr_home, text=True, bufsize=1, errors="replace",
+                                stdout=None if console is None else subprocess.PIPE,
+                                stderr=None if console is None else subprocess.STDOUT)
+        try:
+            if proc.stdout is not None and console is not None:
                 for line in proc.stdout:
                     console.feed(line)
+            proc.wait()
+        except Interrupted:
+            stop_interrupted(flwr_home, proc)
+            raise
         status = run_status(flwr_home, env)
         if "heartbeat" in json.dumps(status).lower() and simulation_pids(flwr_home):
             print("privet: Flower lost the simulation's heartbeat (an overloaded machine?) but the "
@@ -337,10 +429,13 @@ def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_
         else:
             wait_for_simulation(flwr_home, 30.0)
     finally:
-        stop_simulation(flwr_home)
-        stop_local_superlink(flwr_home)
-        if not keep_home:
-            shutil.rmtree(flwr_home, ignore_errors=True)
+        with signals_raise(signal.SIG_IGN):  # clean-up runs to its end, whatever arrives now
+            stop_simulation(flwr_home)
+            stop_local_superlink(flwr_home)
+            if proc is not None and proc.stdout is not None:
+                proc.stdout.close()
+            if not keep_home:
+                shutil.rmtree(flwr_home, ignore_errors=True)
     return status
 
 
@@ -377,14 +472,50 @@ def lost_heartbeat_but_completed(status: dict[str, Any], out: Path) -> bool:
 
 # ------------------------------------------------------------------------ commands
 def cmd_run(args: argparse.Namespace) -> int:
+    """``privet run``; SIGINT (Ctrl-C) and SIGTERM end it with one line (:func:`report_interrupt`)."""
+    where: dict[str, Path] = {}
+    with signals_raise():
+        try:
+            return _run(args, where)
+        except KeyboardInterrupt as exc:  # Interrupted, or a Ctrl-C before its handler was in place
+            with signals_raise(signal.SIG_IGN):
+                return report_interrupt(exc, where.get("out"), where.get("log"))
+
+
+def report_interrupt(exc: KeyboardInterrupt, out: Path | None, log_path: Path | None) -> int:
+    """One line on an interrupted run (where its partial results are); exit status 128 + the signal."""
+    signum = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+    name = signal.Signals(signum).name
+    summary = out / "summary.json" if out is not None else None
+    if log_path is not None and log_path.exists() and out is not None and out.is_dir():
+        shutil.move(str(log_path), out / "run.log")
+    status = ""
+    if summary is not None and summary.exists():
+        try:
+            status = str(json.loads(summary.read_text()).get("status", ""))
+        except (OSError, json.JSONDecodeError):
+            status = ""
+    if status:
+        when = re.search(r"during round \d+|between rounds", status)
+        print(f"privet: interrupted by {name}{' ' + when.group(0) if when else ''}; partial results in {out} "
+              "(summary.json and privacy_report.md: each client's spend as known for sure, and at most what "
+              "unanswered rounds may have charged)", file=sys.stderr, flush=True)
+    else:
+        print(f"privet: interrupted by {name} before the run wrote any result", file=sys.stderr, flush=True)
+    return 128 + signum
+
+
+def _run(args: argparse.Namespace, where: dict[str, Path]) -> int:
     from server.console import RunConsole, open_log
 
     run_config = load_experiment(args.config, args.set or [], args.out)
     validate(run_config)
+    out = Path(run_config["out-dir"])
+    check_out_dir(out)
     cluster = ray_cluster_address() if args.backend == "simulation" else None
     if cluster:
         check_ray_cluster(cluster)
-    out = Path(run_config["out-dir"])
+    where["out"] = out
     print(f"privet: {run_config['strategy']} on {run_config['dataset']}, "
           f"{run_config['num-clients']} clients, {run_config['num-server-rounds']} rounds -> {out}", flush=True)
     if cluster:
@@ -392,8 +523,10 @@ def cmd_run(args: argparse.Namespace) -> int:
               "(docs/ray-cluster.md)", flush=True)
     # run.log is written next to the results once they exist (a refused run leaves no folder)
     log_path = Path(tempfile.mkstemp(prefix="privet-run-", suffix=".log")[1])
+    where["log"] = log_path
     with open_log(log_path) as log_file, \
-            RunConsole(int(run_config["num-server-rounds"]), log=log_file, verbose=args.verbose) as console:
+            RunConsole(int(run_config["num-server-rounds"]), log=log_file, verbose=args.verbose) as console, \
+            signals_raise(muting(console)):
         if args.backend == "inprocess":
             try:
                 status = run_inprocess(run_config, console)
@@ -499,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="privet", description=MAIN_HELP, formatter_class=fmt)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,site}")
     run = sub.add_parser("run", help="run one experiment (default: the embedded default)",
                          description=RUN_HELP + "\n\nstrategies (--set strategy=NAME):\n" + catalogue_help(),
                          formatter_class=fmt)
@@ -517,6 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--html", action="store_true", help="write report.html and print its path")
     report.add_argument("--open", action="store_true", help="write report.html and open it in a browser")
     report.set_defaults(func=cmd_report)
+    from privet.site import add_parser as add_site_parser
+
+    add_site_parser(sub)  # privet site check (privet/site.py)
     return parser
 
 
@@ -527,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"privet: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run (privet run handles its own: report_interrupt)
+        print("privet: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -13,13 +13,18 @@ goes to :class:`RunConsole` (``feed``), which
 - turns privet's round and client lines into a progress display: a bar for the rounds and
   one for the clients of the current round (``rich`` on a terminal; one plain line per
   round elsewhere, so that nothing but text lands in a redirected log);
-- prints warnings and errors, and with ``verbose`` every line.
+- prints warnings and errors, and with ``verbose`` every line;
+- after :meth:`RunConsole.mute` (an interrupted run) prints nothing more: lines go to ``run.log`` only.
+
+A figure the run did not report is shown as missing, never as 0: the round line carries a training
+loss only where clients reported one.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -54,6 +59,9 @@ ROUND_START = re.compile(r"round (\d+): sampled clients \[(.*?)\]")
 CLIENT_DONE = re.compile(r"client (\S+) round (\d+) mode=")
 ROUND_DONE = re.compile(r"round (\d+): (?:test|validation) accuracy ([\d.]+)")
 EPS_ROUND = re.compile(r"'max-epsilon-spent': ([\d.eE+-]+|inf)")
+#: The mean training loss in a round's aggregated metrics; absent where no client reported one
+#: (only clients whose operators enabled report-train-metrics do).
+TRAIN_LOSS = re.compile(r"'train-loss': '?([\d.eE+-]+|nan|inf)'?")
 #: How many recent lines a repeated one is compared with.
 DEDUP_WINDOW = 4
 
@@ -113,6 +121,8 @@ class RunConsole:
         self.current_round = 0
         self.accuracy: float | None = None
         self.max_epsilon: float | None = None
+        self.train_loss: float | None = None  # this round's, where reported
+        self.muted = False
         self.shown: list[str] = []  # what reached the console (for tests)
         self._progress: Progress | None = None
         self._round_task: TaskID | None = None
@@ -166,8 +176,17 @@ class RunConsole:
         if self.verbose or level in ("WARNING", "ERROR", "CRITICAL") or "Traceback" in message:
             self.print((f"{level}: " if level else "") + message)
 
+    def mute(self) -> None:
+        """Print nothing more (the run was interrupted; its caller says so in one line)."""
+        self.muted = True
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
     def print(self, text: str) -> None:
-        """One line on the console (above the live display)."""
+        """One line on the console (above the live display); nothing once muted."""
+        if self.muted:
+            return
         self.shown.append(text)
         self.console.print(text, markup=False, highlight=False)
 
@@ -177,12 +196,17 @@ class RunConsole:
             self.current_round = int(m.group(1))
             self.clients_total = len([c for c in m.group(2).split(",") if c.strip()])
             self.clients_done = 0
+            self.train_loss = None
             self._update(f"round {self.current_round}/{self.total_rounds}: clients")
         elif (m := CLIENT_DONE.search(message)) and int(m.group(2)) == self.current_round:
             self.clients_done = min(self.clients_done + 1, self.clients_total or self.clients_done + 1)
             self._update(None)
         elif m := EPS_ROUND.search(message):
             self.max_epsilon = float(m.group(1))
+            reported = TRAIN_LOSS.search(message)
+            self.train_loss = float(reported.group(1)) if reported else None
+            if self.train_loss is not None and not math.isfinite(self.train_loss):
+                self.train_loss = None
         elif m := ROUND_DONE.search(message):
             r, self.accuracy = int(m.group(1)), float(m.group(2))
             if r == 0:
@@ -192,7 +216,9 @@ class RunConsole:
             self.clients_done = self.clients_total
             eps = (f", max eps spent {self.max_epsilon:.3f}"
                    if self.max_epsilon is not None and self.max_epsilon < float("inf") else "")
-            self.status(f"round {r}/{self.total_rounds}: test accuracy {self.accuracy:.4f}{eps}")
+            shown = f", train loss {self.train_loss:.4g}" if self.train_loss is not None else ""
+            self.status(f"round {r}/{self.total_rounds}: test accuracy {self.accuracy:.4f}{eps}{shown}")
+            self.train_loss = None
             self._update(None)
 
     def status(self, text: str) -> None:

@@ -229,7 +229,8 @@ def build_summary(
         "evaluation_split": cfg.evaluation_split,
         "model": cfg.model,
         "rounds": cfg.num_server_rounds,
-        "rounds_completed": max((r["round"] for r in rounds), default=0),
+        # rounds that produced a new global model (a failed round is evaluated, but completed nothing)
+        "rounds_completed": len({r["round"] for r in rounds if r["round"] > 0} - set(strategy.failed_rounds)),
         "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
         "best_accuracy": max((r["accuracy"] for r in evaluated), default=None),
         "final_loss": evaluated[-1]["loss"] if evaluated else None,

@@ -7,8 +7,7 @@ Algorithm 1, as this module runs it (docs/notes/gdpfed.md §2.4):
         ε_m  <- min_{i∈G_m} ε_i,  δ_m <- min_{i∈G_m} δ_i
         q_m  <- q (GDPFed) | Problem 1 (GDPFed-op/+) | ``sample-rates`` if given
         r_m  <- round(q_m|G_m|) (largest remainder, Σ r_m = round(qn)); q_m <- r_m/|G_m|
-        σ_m  <- smallest σ with ε(σ, q_m, T; δ_m) <= ε_m under the run's accountant, the one the
-                ledgers charge with (replace-one; privacy.group_calibration.ledger_settings)
+        σ_m  <- smallest σ with ε(σ, q_m, T; δ_m) <= ε_m  (privacy.group_calibration)
         ω_m  <- (1/Σr)·r_m²/Σ r_j²  (Appendix B.2)
     for t = 1..T:
         for each group m:                                  # sample(), node_config()
@@ -56,8 +55,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from privacy.accountants import DEFAULT_ACCOUNTANT, Step
-from privacy.group_calibration import group_noise_multipliers, ledger_settings
+from privacy.accountants import Step
+from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
 from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.secure_sum import SumResult
@@ -221,11 +220,36 @@ def group_index(epsilon: float, thresholds: Sequence[float]) -> int | None:
 
 @lru_cache(maxsize=256)
 def _sigmas(epsilons: tuple[float, ...], rates: tuple[float, ...], rounds: int,
-            deltas: tuple[float, ...], key: str, accountant: str) -> tuple[float, ...]:
-    """σ_m per group, calibrated by ``accountant`` (the ledgers' own) under replace-one."""
-    settings = ledger_settings(accountant)
-    return tuple(group_noise_multipliers([e], [q], rounds, d, settings, key=key)[0]
-                 for e, q, d in zip(epsilons, rates, deltas, strict=True))
+            deltas: tuple[float, ...], key: str) -> tuple[float, ...]:
+    return tuple(group_noise_multipliers([e], [q], rounds, d, PROJECT_SETTINGS, key=key)[0]
+                 for e, q, d in zip(epsilons, rates, deltas))
+
+
+def smallest_q(sampling: str, sizes: Sequence[int]) -> float:
+    """The smallest global ratio q that samples every group at least once per round.
+
+    Uniform sampling (q_m = q) needs q·|G_m| >= 1 for every group: q >= 1/min_m |G_m|. Problem 1
+    (``sampling = "optimal"``) chooses r_m = q_m|G_m| >= 1 with Σ r_m = q·n: it needs q·n >= M,
+    q >= M/n (below that its bounds 1/(qn) <= r_m/(qn) <= 1 are empty, which scipy reports as "An
+    upper bound is less than the corresponding lower bound."). Rounded up to 4 decimals, so that
+    the value printed is one that works.
+    """
+    exact = len(sizes) / sum(sizes) if sampling == "optimal" else 1.0 / min(sizes)
+    return min(1.0, math.ceil(exact * 1e4 - 1e-6) / 1e4)
+
+
+def _check_q(q: float, sampling: str, sizes: Sequence[int]) -> None:
+    """ValueError naming ``gdpfed.q`` and the smallest value that works, where q is below it."""
+    floor = smallest_q(sampling, sizes)
+    n, m = sum(sizes), len(sizes)
+    if sampling == "optimal" and q * n < m * (1 - 1e-9):
+        raise ValueError(f"'gdpfed.q' = {q:g} samples q*n = {q * n:.4g} of {n} clients per round, fewer than one "
+                         f"per budget group ({m} groups): the optimal sampling (Problem 1) needs gdpfed.q >= "
+                         f"{floor:g} here (--set gdpfed.q={floor:g})")
+    if sampling == "uniform" and q * min(sizes) < 1 - 1e-9:
+        raise ValueError(f"'gdpfed.q' = {q:g} samples no client of the smallest budget group in a round (q*|G_m| = "
+                         f"{q:g}*{min(sizes)} = {q * min(sizes):.3g} < 1; group sizes {list(sizes)}): gdpfed.q must "
+                         f"be >= {floor:g} here (--set gdpfed.q={floor:g})")
 
 
 def plan_groups(
@@ -237,13 +261,8 @@ def plan_groups(
     *,
     lr: float = 0.1,
     local_steps: int = 5,
-    accountant: str = DEFAULT_ACCOUNTANT,
 ) -> tuple[GroupPlan, list[int]]:
     """The run's group plan from the declared budgets ``[(ε_i, δ_i)]`` (module docstring).
-
-    σ_m is calibrated with ``accountant``, which must be the one the clients' ledgers charge
-    with (the run's ``accountant``): then each group spends ε_m up to the calibration's
-    tolerance and never more.
 
     Returns the plan and each budget's group index. Raises ValueError naming the config key
     for an empty group, q_m·|G_m| < 1, or a budget the calibration cannot reach; a budget
@@ -270,6 +289,8 @@ def plan_groups(
     deltas = [min(d for (_, d), a in zip(budgets, assign) if a == m) for m in range(m_groups)]
     q = params.q
     rate_key = "gdpfed.q"
+    if variant.sampling != "idp" and not (variant.sampling == "optimal" and params.sample_rates):
+        _check_q(q, variant.sampling, sizes)
     if variant.sampling == "idp":
         requested, rate_key = params.per_group("idp_sample_rates", m_groups), "gdpfed.idp-sample-rates"
     elif variant.sampling == "optimal" and params.sample_rates:
@@ -281,7 +302,7 @@ def plan_groups(
     counts = round_counts(requested, sizes, key=rate_key)
     rates = [r / g for r, g in zip(counts, sizes)]
     sigmas = list(_sigmas(tuple(eps), tuple(rates), rounds, tuple(deltas),
-                          "gdpfed.group-epsilons" if not variant.single_group else "epsilon", accountant))
+                          "gdpfed.group-epsilons" if not variant.single_group else "epsilon"))
     clips = [clip] * m_groups
     if variant.noise == "common-std":  # IDP Scale: one noise std s for every group
         clips = params.per_group("idp_clips", m_groups)
@@ -349,7 +370,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     def _make_plan(self, rounds: int, clip: float, lr: float, local_steps: int) -> None:
         accounts = sorted(self.accounts.values(), key=lambda a: a.node_id)
         plan, assign = plan_groups(self.variant, self.params, [(a.epsilon_budget, a.delta) for a in accounts],
-                                   rounds, clip, lr=lr, local_steps=local_steps, accountant=self.accountant)
+                                   rounds, clip, lr=lr, local_steps=local_steps)
         self.plan = plan
         self.group_of = {a.node_id: m for a, m in zip(accounts, assign)}
         for m in range(len(plan.sizes)):
