@@ -7,7 +7,8 @@ Algorithm 1, as this module runs it (docs/notes/gdpfed.md §2.4):
         ε_m  <- min_{i∈G_m} ε_i,  δ_m <- min_{i∈G_m} δ_i
         q_m  <- q (GDPFed) | Problem 1 (GDPFed-op/+) | ``sample-rates`` if given
         r_m  <- round(q_m|G_m|) (largest remainder, Σ r_m = round(qn)); q_m <- r_m/|G_m|
-        σ_m  <- smallest σ with ε(σ, q_m, T; δ_m) <= ε_m  (privacy.group_calibration)
+        σ_m  <- smallest σ with ε(σ, q_m, T; δ_m) <= ε_m under the run's accountant, the one the
+                ledgers charge with (replace-one; privacy.group_calibration.ledger_settings)
         ω_m  <- (1/Σr)·r_m²/Σ r_j²  (Appendix B.2)
     for t = 1..T:
         for each group m:                                  # sample(), node_config()
@@ -55,8 +56,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from privacy.accountants import Step
-from privacy.group_calibration import PROJECT_SETTINGS, group_noise_multipliers
+from privacy.accountants import DEFAULT_ACCOUNTANT, Step
+from privacy.group_calibration import group_noise_multipliers, ledger_settings
 from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.secure_sum import SumResult
@@ -220,9 +221,11 @@ def group_index(epsilon: float, thresholds: Sequence[float]) -> int | None:
 
 @lru_cache(maxsize=256)
 def _sigmas(epsilons: tuple[float, ...], rates: tuple[float, ...], rounds: int,
-            deltas: tuple[float, ...], key: str) -> tuple[float, ...]:
-    return tuple(group_noise_multipliers([e], [q], rounds, d, PROJECT_SETTINGS, key=key)[0]
-                 for e, q, d in zip(epsilons, rates, deltas))
+            deltas: tuple[float, ...], key: str, accountant: str) -> tuple[float, ...]:
+    """σ_m per group, calibrated by ``accountant`` (the ledgers' own) under replace-one."""
+    settings = ledger_settings(accountant)
+    return tuple(group_noise_multipliers([e], [q], rounds, d, settings, key=key)[0]
+                 for e, q, d in zip(epsilons, rates, deltas, strict=True))
 
 
 def smallest_q(sampling: str, sizes: Sequence[int]) -> float:
@@ -261,8 +264,13 @@ def plan_groups(
     *,
     lr: float = 0.1,
     local_steps: int = 5,
+    accountant: str = DEFAULT_ACCOUNTANT,
 ) -> tuple[GroupPlan, list[int]]:
     """The run's group plan from the declared budgets ``[(ε_i, δ_i)]`` (module docstring).
+
+    σ_m is calibrated with ``accountant``, which must be the one the clients' ledgers charge
+    with (the run's ``accountant``): then each group spends ε_m up to the calibration's
+    tolerance and never more.
 
     Returns the plan and each budget's group index. Raises ValueError naming the config key
     for an empty group, q_m·|G_m| < 1, or a budget the calibration cannot reach; a budget
@@ -302,7 +310,7 @@ def plan_groups(
     counts = round_counts(requested, sizes, key=rate_key)
     rates = [r / g for r, g in zip(counts, sizes)]
     sigmas = list(_sigmas(tuple(eps), tuple(rates), rounds, tuple(deltas),
-                          "gdpfed.group-epsilons" if not variant.single_group else "epsilon"))
+                          "gdpfed.group-epsilons" if not variant.single_group else "epsilon", accountant))
     clips = [clip] * m_groups
     if variant.noise == "common-std":  # IDP Scale: one noise std s for every group
         clips = params.per_group("idp_clips", m_groups)
@@ -370,7 +378,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     def _make_plan(self, rounds: int, clip: float, lr: float, local_steps: int) -> None:
         accounts = sorted(self.accounts.values(), key=lambda a: a.node_id)
         plan, assign = plan_groups(self.variant, self.params, [(a.epsilon_budget, a.delta) for a in accounts],
-                                   rounds, clip, lr=lr, local_steps=local_steps)
+                                   rounds, clip, lr=lr, local_steps=local_steps, accountant=self.accountant)
         self.plan = plan
         self.group_of = {a.node_id: m for a, m in zip(accounts, assign)}
         for m in range(len(plan.sizes)):
