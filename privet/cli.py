@@ -596,7 +596,8 @@ examples:
   privet report results/pfa                    print its privacy report
   privet report results/pfa --open             its HTML report, in a browser
 
-The same app runs with Flower's own CLI: flwr run . --federation-config "num-supernodes=10" --stream
+The same app runs with Flower's own CLI (clients in parallel, one CPU each):
+  flwr run . --federation-config "num-supernodes=10 client-resources-num-cpus=1" --stream
 (see the README)."""
 
 RUN_HELP = """\

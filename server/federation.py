@@ -1,7 +1,9 @@
 """The federation a run gets must be the one its config describes.
 
 Flower 1.39's local simulation starts ``num-supernodes`` SuperNodes (2 unless told
-otherwise: ``flwr run . --federation-config "num-supernodes=10"``), and each simulated
+otherwise: ``flwr run . --federation-config "num-supernodes=10 client-resources-num-cpus=1"``;
+the second option gives each ClientApp actor one CPU instead of Flower's 2, so that a 2-core
+machine trains two clients at a time instead of one), and each simulated
 ClientApp partitions the data by the ``num-partitions`` Flower gives it, which is that
 number. A config that says ``num-clients = 10`` run on 2 SuperNodes would silently train
 2 clients on 30,000 examples each, with 2 budgets instead of 10: the ServerApp refuses it
@@ -57,7 +59,8 @@ def mismatch_message(num_supernodes: int, num_clients: int) -> str:
     return (
         f"invalid run config: 'num-clients' = {num_clients} but Flower's simulation started "
         f"{num_supernodes} SuperNodes (each would train on 1/{num_supernodes} of the data). "
-        f"Start it with as many: flwr run . --federation-config \"num-supernodes={num_clients}\" "
+        f"Start it with as many (and one CPU per ClientApp, so that clients train in parallel): "
+        f"flwr run . --federation-config \"num-supernodes={num_clients} client-resources-num-cpus=1\" "
         f"--stream (or set num-clients={num_supernodes}; `privet run` does this for you)"
     )
 

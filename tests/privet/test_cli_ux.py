@@ -124,7 +124,7 @@ def test_simulation_of_another_size_is_refused(monkeypatch):
     with pytest.raises(ConfigError) as exc:
         check_federation(object(), RunConfig(num_clients=10))
     assert str(exc.value) == mismatch_message(2, 10)
-    assert 'flwr run . --federation-config "num-supernodes=10"' in str(exc.value)
+    assert 'flwr run . --federation-config "num-supernodes=10 client-resources-num-cpus=1"' in str(exc.value)
     monkeypatch.setattr(fed, "settled_node_count", lambda grid: 10)
     check_federation(object(), RunConfig(num_clients=10))
 

@@ -91,7 +91,7 @@ def test_flwr_run_dot_refuses_a_federation_of_another_size(tmp_path):
     log = done.stdout + done.stderr
     assert status["status"] == "finished:failed"
     assert "'num-clients' = 3 but Flower's simulation started 2 SuperNodes" in log
-    assert 'flwr run . --federation-config "num-supernodes=3"' in log
+    assert 'flwr run . --federation-config "num-supernodes=3 client-resources-num-cpus=1"' in log
     assert not out.exists()
 
 
