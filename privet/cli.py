@@ -515,6 +515,9 @@ def _run(args: argparse.Namespace, where: dict[str, Path]) -> int:
     cluster = ray_cluster_address() if args.backend == "simulation" else None
     if cluster:
         check_ray_cluster(cluster)
+        from privet.shared_storage import ledger_dir_refusal  # one ledger per client (docs/ray-cluster.md)
+        if refusal := ledger_dir_refusal(cluster, str(run_config.get("ledger-dir", ""))):
+            raise CliError(refusal)
     where["out"] = out
     print(f"privet: {run_config['strategy']} on {run_config['dataset']}, "
           f"{run_config['num-clients']} clients, {run_config['num-server-rounds']} rounds -> {out}", flush=True)
@@ -548,6 +551,9 @@ def _run(args: argparse.Namespace, where: dict[str, Path]) -> int:
             raise CliError(f"Flower stopped the run: its simulation process sent no heartbeat for 60 s (an "
                            f"overloaded machine; see README, 'Heartbeats on a loaded machine'). Status: "
                            f"{json.dumps(status)}; full log: {kept_log}")
+        elif (out / "summary.json").exists() and (ended := str(json.loads((out / "summary.json").read_text())
+                                                       .get("status", ""))).startswith("incomplete"):
+            raise CliError(f"the run is {ended}; results and privacy_report.md in {out}; full log: {kept_log}")
         else:
             raise CliError(f"the run did not complete: {json.dumps(status)}; full log: {kept_log}")
     report = out / "privacy_report.md"
