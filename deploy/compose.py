@@ -13,6 +13,7 @@ Usage (from the repo root)::
     python3 deploy/compose.py 3 --budgets 1,2.5,6     # explicit ε per SuperNode
     deploy/generate-certs.sh 5                        # CA, server cert, 5 key pairs
     docker compose up -d --build                      # or: docker-compose up -d --build
+    deploy/operator-config.sh                         # the operator's flwr connection (FLWR_HOME)
 
 Standard library only; the output is plain YAML that ``docker compose`` (v2) and
 ``docker-compose`` 1.29 both read. Host-side settings can be changed at ``up`` time through
@@ -33,7 +34,8 @@ HEADER = """\
 #
 #   deploy/generate-certs.sh {n}          # deploy/certs (TLS) and deploy/keys (one key pair per SuperNode)
 #   docker compose up -d --build           # or docker-compose up -d --build (compose 1.29)
-#   flwr run . privet-compose --stream     # see docs/deployment.md for the CLI's config.toml
+#   deploy/operator-config.sh && export FLWR_HOME=$PWD/.flwr-home   # the flwr CLI's connection
+#   flwr run . privet-compose --stream     # docs/deployment.md, "The compose stack, step by step"
 #
 # Host-side knobs (environment variables, read at `up`):
 #   PRIVET_IMAGE          image tag to build/run                  (privet:latest)
