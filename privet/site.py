@@ -1,9 +1,9 @@
-"""``privet site check``: a site's SuperNode configuration, checked before the SuperNode starts.
+r"""``privet site check``: a site's SuperNode configuration, checked before the SuperNode starts.
 
 ::
 
-    privet site check --node-config 'partition-id=0 num-partitions=3 client-id="site-0" epsilon=2.5' \\
-        --superlink fl.example.org:9092 --root-certificates deploy/certs/ca.crt \\
+    privet site check --node-config 'partition-id=0 num-partitions=3 client-id="site-0" epsilon=2.5' \
+        --superlink fl.example.org:9092 --root-certificates deploy/certs/ca.crt \
         --auth-supernode-private-key deploy/keys/supernode-0
 
 reads the ``--node-config`` string exactly as Flower's ``flower-supernode`` does (space-separated
