@@ -17,6 +17,7 @@ validation split, seed 0), changing one thing at a time against the tuned FedCEO
   standing above the noise, alone.
 
     python experiments/fedceo/factors.py run      # the runs factors/runs.jsonl lacks
+    python experiments/fedceo/factors.py confirm  # the noise factor on test seeds 1-3
     python experiments/fedceo/factors.py report   # factors/results.md, from the records
 
 Every record goes to ``factors/runs.jsonl`` (the same record as ``fair.py``'s); the base rows are
@@ -26,6 +27,7 @@ Every record goes to ``factors/runs.jsonl`` (the same record as ``fair.py``'s); 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,10 @@ FACTORS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "truncation": [("FedCEO, hidden layer only, λ = λ*", "fedceo",
                     {"fedceo.layers": "\"0\"", "fedceo.lambda": LAMBDA_STAR, "fedceo.theta": 1.0})],
 }
+#: the noise factor checked on test seeds: σ_g = 5 at the λ that won on validation (32·λ*·2/5)
+CONFIRM_SETS = {"noise-multiplier": 5.0}
+CONFIRM_LAMBDA = round(32 * LAMBDA_STAR * 0.4, 4)
+CONFIRM_SEEDS = (1, 2, 3)
 #: the base rows, from fair.py's validation records
 BASE = [("UDP-FedAvg, σ_g = 2 (fair.py tune)", "tune/udp-fedavg/"),
         ("FedCEO, σ_g = 2, λ = 0.993, ϑ = 1 (fair.py tune)", "tune/fedceo/lambda0.9928/theta1/")]
@@ -73,6 +79,47 @@ def jobs(only: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
                 sets = [s for s in sets if not s.startswith("fedceo.")]
             out.append((key(factor, method, overrides), fair.base_config(sets + VALIDATION)))
     return out
+
+
+def confirm_jobs() -> list[tuple[str, dict[str, Any]]]:
+    """UDP-FedAvg and FedCEO (own restart, the paper's Algorithm 2) at σ_g = 5 on the test split."""
+    out = []
+    extra = [f"{k}={v}" for k, v in CONFIRM_SETS.items()]
+    for seed in CONFIRM_SEEDS:
+        for method in ("udp-fedavg", "fedceo"):
+            sets = [f"{k}={v}" for k, v in fair.method_sets(method, CONFIRM_LAMBDA, 1.0).items()]
+            out.append((f"confirm/{method}/seed{seed}/" + ",".join(extra),
+                        fair.base_config(sets + extra + [f"seed={seed}"])))
+    return out
+
+
+def confirm_section(mine: dict[str, dict[str, Any]]) -> list[str]:
+    from privet.paired import bootstrap_interval, paired_gaps
+
+    runs = {m: {k.split("/")[2]: r for k, r in mine.items() if k.startswith(f"confirm/{m}/")}
+            for m in ("udp-fedavg", "fedceo")}
+    if not runs["udp-fedavg"] or not runs["fedceo"]:
+        return []
+    lines = ["", f"## The noise factor on test seeds: σ_g = 5, FedCEO (own restart) at λ = {CONFIRM_LAMBDA}", "",
+             "| method | seeds | final | last 10 rounds |", "|---|---:|---:|---:|"]
+    for m, label in (("udp-fedavg", "UDP-FedAvg"), ("fedceo", "FedCEO")):
+        rs = list(runs[m].values())
+        cells = []
+        for metric in ("final_accuracy", "last10_accuracy"):
+            xs = [100 * r[metric] for r in rs]
+            sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+            cells.append(f"{statistics.fmean(xs):.2f} ± {sd:.2f}")
+        lines.append(f"| {label} | {len(rs)} | {' | '.join(cells)} |")
+    cells = []
+    for metric in ("final_accuracy", "last10_accuracy"):
+        gaps = list(paired_gaps({s: 100 * r[metric] for s, r in runs["fedceo"].items()},
+                                {s: 100 * r[metric] for s, r in runs["udp-fedavg"].items()}).values())
+        lo, hi = bootstrap_interval(gaps)
+        cells.append(f"{statistics.fmean(gaps):+.2f} [{lo:+.2f}, {hi:+.2f}] ({len(gaps)} seeds, "
+                     f"{sum(g > 0 for g in gaps)} ahead)")
+    lines += ["", "Paired gap FedCEO − UDP-FedAvg (pp, 95 % bootstrap interval): final "
+              f"{cells[0]}; last 10 rounds {cells[1]}."]
+    return lines
 
 
 def report() -> str:
@@ -109,6 +156,7 @@ def report() -> str:
                 gap = f"{100 * (r['last10_accuracy'] - udp['base']['last10_accuracy']):+.2f} (no DP − UDP-FedAvg)"
             lines.append(f"| {factor} | {label} | {100 * r['final_accuracy']:.2f} | "
                          f"{100 * r['last10_accuracy']:.2f} | {gap} |")
+    lines += confirm_section(mine)
     text = "\n".join(lines) + "\n"
     (OUT / "results.md").write_text(text)
     return text
@@ -116,12 +164,14 @@ def report() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("run", "report"))
+    parser.add_argument("command", choices=("run", "confirm", "report"))
     parser.add_argument("--factors", nargs="*", choices=list(FACTORS), help="only these (default: all)")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     if args.command == "run":
         fair.run_jobs(OUT, jobs(args.factors), 1)
+    elif args.command == "confirm":
+        fair.run_jobs(OUT, confirm_jobs(), 1)
     print(report())
     return 0
 
