@@ -1,13 +1,17 @@
 """A secure sum against a plaintext FedAvg sum: per-round time and bytes on the wire.
 
-K clients per sum (10, 50, 120), the default model (``cnn``, 26,010 parameters). Both
-variants run the same ClientApp (privet's SecAgg+ mod, :mod:`client.secure_sum`, in front of
+K clients per sum (10, 50, 120), the default model (``cnn``, 26,010 parameters). Every
+variant runs the same ClientApp (privet's secure-sum mod, :mod:`client.secure_sum`, in front of
 a train handler that returns the global model plus a fixed privatised update, so that
-training, identical in both, is left out) on the in-process grid, and the same server code:
+training, identical in all, is left out) on the in-process grid, and the same server code:
 
 - **plaintext**: one train message per client, replies summed as float arrays;
-- **secure**: :func:`strategies.secure_sum.open_sums` (stages 0–1), the train messages as
-  stage 2, :func:`strategies.secure_sum.release_sums` (stage 3, unmasking).
+- **secure**: :func:`strategies.secure_sum.open_sums` (setup, share keys), the train messages as
+  the collect stage, :func:`strategies.secure_sum.release_sums` (unmask), without a roster
+  (it holds against a server that follows the protocol);
+- **secure + roster**: the same with every member's keys signed and checked against a roster
+  and the consistency round (each survivor signs U3, each checks a majority's signatures):
+  the cost of holding against a server that deviates.
 
 Time is the server's wall time for the whole exchange (the clients run in this process, so
 it includes their key agreement, share encryption and mask expansion: on a real deployment
@@ -42,8 +46,10 @@ from flwr.common.serde import recorddict_to_proto  # noqa: E402
 
 from client.secure_sum import secure_sum_mod  # noqa: E402
 from privacy.secure_sum import quantisation_for  # noqa: E402
-from privet.inprocess import InProcessGrid  # noqa: E402
+from privet.inprocess import InProcessGrid, simulation_node_configs  # noqa: E402
 from protocol import keys  # noqa: E402
+from protocol.roster import Roster, generate  # noqa: E402
+from protocol.train_config import TrainConfig  # noqa: E402
 from strategies.secure_sum import (  # noqa: E402
     SecureAggregation,
     collect_messages,
@@ -85,12 +91,13 @@ class CountingGrid(InProcessGrid):
 
 
 def _train_messages(nodes: list[int], weights: list[np.ndarray]) -> dict[int, Message]:
-    return {n: Message(RecordDict({keys.ARRAYS: ArrayRecord(weights),
-                                   keys.CONFIG: ConfigRecord({keys.NOISE_SHARES: len(nodes)})}),
+    config = TrainConfig(num_rounds=1, dp_mode=keys.DP_UPDATE, local_epochs=1, batch_size=32, learning_rate=0.1,
+                         clip=CLIP, noise_multiplier=SIGMA, noise_shares=len(nodes), server_round=1).encode()
+    return {n: Message(RecordDict({keys.ARRAYS: ArrayRecord(weights), keys.CONFIG: ConfigRecord(dict(config))}),
                        dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes}
 
 
-def plaintext_round(grid: CountingGrid, weights: list[np.ndarray]) -> list[np.ndarray]:
+def plaintext_round(grid: CountingGrid, weights: list[np.ndarray], roster: Roster | None) -> list[np.ndarray]:
     """FedAvg's exchange: send the model, sum the returned updates."""
     nodes = grid.get_node_ids()
     replies = grid.send_and_receive(list(_train_messages(nodes, weights).values()))
@@ -101,40 +108,46 @@ def plaintext_round(grid: CountingGrid, weights: list[np.ndarray]) -> list[np.nd
     return total
 
 
-def secure_round(grid: CountingGrid, weights: list[np.ndarray]) -> list[np.ndarray]:
-    """The same sum through the four SecAgg+ stages."""
+def secure_round(grid: CountingGrid, weights: list[np.ndarray], roster: Roster | None) -> list[np.ndarray]:
+    """The same sum through the secure-sum stages (the consistency round too, with a roster)."""
     nodes = grid.get_node_ids()
     d = sum(w.size for w in weights)
     q = quantisation_for(CLIP, SIGMA * CLIP / np.sqrt(len(nodes)), d, len(nodes), 24)
     cfg = SecureAggregation()
-    sums = open_sums(grid, [nodes], [q], [len(nodes)], cfg, timeout=600, ttl=None)
+    sums = open_sums(grid, [nodes], [q], [(CLIP, SIGMA, len(nodes), len(nodes))], cfg, sum_ids=[f"bench-{time.time()}"],
+                     roster=roster, timeout=600, ttl=None)
     stage2 = collect_messages(sums, _train_messages(nodes, weights))
     replies = grid.send_and_receive(stage2)
     shapes = [w.shape for w in weights]
     inputs = {r.metadata.src_node_id: masked_input(r, shapes, q.modulus) for r in replies if not r.has_error()}
     (result,) = release_sums(grid, sums, {n: v for n, v in inputs.items() if not isinstance(v, str)}, shapes,
-                             timeout=600, ttl=None)
+                             roster=roster, timeout=600, ttl=None)
     assert result.total is not None, result.reason
     return result.total
 
 
-def measure(k: int, repeats: int, weights: list[np.ndarray]) -> dict[str, float]:
-    """Median seconds and bytes per round of both variants, alternating."""
-    times: dict[str, list[float]] = {"plain": [], "secure": []}
+def measure(k: int, repeats: int, weights: list[np.ndarray], folder: Path) -> dict[str, float]:
+    """Median seconds and bytes per round of the three variants, alternating."""
+    roster_path = generate([str(i) for i in range(k)], folder / f"roster-{k}")
+    roster = Roster.load(roster_path)
+    variants = (("plain", plaintext_round, None), ("secure", secure_round, None), ("signed", secure_round, roster))
+    times: dict[str, list[float]] = {name: [] for name, *_ in variants}
     bytes_: dict[str, tuple[int, int]] = {}
     sums: dict[str, list[np.ndarray]] = {}
     for _ in range(repeats):
-        for name, fn in (("plain", plaintext_round), ("secure", secure_round)):
-            grid = CountingGrid(app, [{}] * k, {})
+        for name, fn, anchor in variants:
+            grid = CountingGrid(app, simulation_node_configs(k), {"roster": str(roster_path)} if anchor else {})
             start = time.perf_counter()
-            sums[name] = fn(grid, weights)
+            sums[name] = fn(grid, weights, anchor)
             times[name].append(time.perf_counter() - start)
             bytes_[name] = (grid.down, grid.up)
-    err = max(float(np.max(np.abs(a - b))) for a, b in zip(sums["plain"], sums["secure"], strict=True))
-    plain, secure = statistics.median(times["plain"]), statistics.median(times["secure"])
-    return {"k": k, "plain_s": plain, "secure_s": secure, "time_ratio": secure / plain,
-            "plain_up": bytes_["plain"][1], "secure_up": bytes_["secure"][1],
-            "plain_down": bytes_["plain"][0], "secure_down": bytes_["secure"][0], "max_abs_error": err}
+    err = max(float(np.max(np.abs(a - b))) for v in ("secure", "signed")
+              for a, b in zip(sums["plain"], sums[v], strict=True))
+    plain, secure, signed = (statistics.median(times[v]) for v in ("plain", "secure", "signed"))
+    return {"k": k, "plain_s": plain, "secure_s": secure, "signed_s": signed, "time_ratio": secure / plain,
+            "signed_ratio": signed / secure, "plain_up": bytes_["plain"][1], "secure_up": bytes_["secure"][1],
+            "signed_up": bytes_["signed"][1], "plain_down": bytes_["plain"][0], "secure_down": bytes_["secure"][0],
+            "signed_down": bytes_["signed"][0], "max_abs_error": err}
 
 
 def main() -> None:
@@ -145,20 +158,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "secure_sum.md")
     args = parser.parse_args()
     weights = get_weights(build_model("cnn", input_shape=(1, 28, 28), num_classes=10))
-    rows = [measure(k, args.repeats, weights) for k in args.clients]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        rows = [measure(k, args.repeats, weights, Path(folder)) for k in args.clients]
     lines = [
         f"# Secure sum vs plaintext sum ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.2f}, "
         f"{args.repeats} alternating repeats, median)", "",
         "Model `cnn` (26,010 parameters); b = 24 quantisation bits; every member a neighbour of every other.", "",
-        "| K | plaintext s/round | secure s/round | time ratio | bytes up plain | bytes up secure | up ratio "
-        "| bytes down plain | bytes down secure | down ratio | max abs error of the sum |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| K | plaintext s/round | secure s/round | secure + roster s/round | secure / plain | roster / secure "
+        "| bytes up plain | secure | secure + roster | bytes down plain | secure | secure + roster "
+        "| max abs error of the sum |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['k']} | {r['plain_s']:.3f} | {r['secure_s']:.3f} | {r['time_ratio']:.1f}x "
-                     f"| {r['plain_up']:,} | {r['secure_up']:,} | {r['secure_up'] / r['plain_up']:.2f}x "
-                     f"| {r['plain_down']:,} | {r['secure_down']:,} | {r['secure_down'] / r['plain_down']:.2f}x "
+        lines.append(f"| {r['k']} | {r['plain_s']:.3f} | {r['secure_s']:.3f} | {r['signed_s']:.3f} "
+                     f"| {r['time_ratio']:.1f}x | {r['signed_ratio']:.2f}x "
+                     f"| {r['plain_up']:,} | {r['secure_up']:,} | {r['signed_up']:,} "
+                     f"| {r['plain_down']:,} | {r['secure_down']:,} | {r['signed_down']:,} "
                      f"| {r['max_abs_error']:.2e} |")
+    lines += ["", "The roster's cost is the Ed25519 signatures (each member signs its keys and the survivor set, and "
+              "verifies K signatures at share keys and a majority at unmask) and the consistency round's messages."]
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

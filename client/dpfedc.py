@@ -1,56 +1,47 @@
 """DP-FedC's client: one round of Algorithm 1 on a client's private (X_i, H_i).
 
-:func:`client_round` is the mathematics (shared by the Flower client below and the numpy
-reproduction in ``experiments/dpfedc``): Q₁ projected-gradient steps on H_i with the
-broadcast W fixed (eq. 17), Q₂ᵗ minibatch SGD steps on a local copy of W with H_i fixed
-(eq. 18), then the privatised upload W̃_i (eq. 19; :mod:`privacy.centroid_noise`).
+:class:`ClusteringWork` is the mathematics of the local work as a privacy mechanism runs it
+(:class:`privacy.mechanisms.LocalWork`): Q₁ projected-gradient steps on H_i with the broadcast
+W fixed (eq. 17), then Q₂ᵗ minibatch SGD steps on a local copy of W with H_i fixed (eq. 18);
+the mechanism (:class:`privacy.mechanisms.CentroidRelease`) makes the upload W̃_i (eq. 19).
+:class:`ClusteringTask` gives the shared client round (:mod:`client.round`) what it needs for a
+clustering round: X_i, the work, the upload's encoding, and H_i's storage after the charge.
+:func:`client_round` runs the same work and mechanism for the numpy reproduction
+(``experiments/dpfedc``).
 
-:func:`train_dpfedc` is the Flower train handler's body (called by ``client.app.train``
-under the ledger lock). H_i never leaves the client: it is kept in the node's
-``context.state`` and, because a deployed SuperNode may start a new process for every
-message, also in a node-local file keyed by the run id (:func:`memberships_path`).
+H_i never leaves the client: it is kept in the node's ``context.state`` and, because a deployed
+SuperNode may start a new process for every message, also in a node-local file keyed by the
+run id (:func:`memberships_path`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Message,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, Context, Message
 
-from privacy.centroid_noise import (
-    Release,
-    paper_noise_multiplier,
-    paper_round_epsilon,
-    privatize_centroids,
-)
-from privacy.dp_modes import dp_mode
+from client.profile import ClientProfile
+from privacy.centroid_noise import Release, paper_noise_multiplier
+from privacy.mechanisms import CentroidRelease, Mechanism, NoPrivacy, Privatizer, Upload
 from privacy.randomness import NoiseSource
-from client.replies import error_reply, reply_meta, stale_reason, train_report
-from client.round_plan import client_seed, noise_for, plan_round
 from protocol import keys
 from protocol.dpfedc import DPFedCRound
+from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
-from protocol.errors import ERROR_BUDGET, ERROR_CONFIG, ERROR_STALE
+from client.seeds import client_seed
 from tasks.clustering import (
     ClusteringParams,
     check_centroids,
     check_data,
     h_phase,
     initial_memberships,
+    load_clustering_data,
+    split,
     w_phase,
 )
 
@@ -76,6 +67,15 @@ class RoundPrivacy:
     paper_epsilon: float = 0.0
     delta: float = 1e-4
 
+    def mechanism(self, sample_ratio: float) -> Mechanism:
+        """This round's mechanism (``sample_ratio`` = Q₂ᵗb/n_i, the paper's q)."""
+        if self.mode == "rigorous":
+            return CentroidRelease(self.clip, self.noise_multiplier)
+        if self.mode == "paper":
+            sigma = paper_noise_multiplier(self.paper_epsilon, self.delta, sample_ratio)
+            return CentroidRelease(self.grad_clip, sigma, paper=True)
+        return NoPrivacy(self.clip)
+
 
 @dataclass(frozen=True)
 class RoundResult:
@@ -87,29 +87,75 @@ class RoundResult:
     sample_ratio: float  # q_{i,t} = Q₂ᵗ b / n_i (the paper's data-sampling ratio)
 
 
+@dataclass
+class ClusteringWork:
+    """One round's local work on (X_i, H_i) from the broadcast W (:class:`privacy.mechanisms.LocalWork`).
+
+    ``uniform`` draws the minibatches (not DP randomness). After :meth:`train`, ``memberships``
+    holds H_i^t, ``w_local`` the local W, ``eta`` the W phase's step 1/η and ``q2`` its steps.
+    """
+
+    x: np.ndarray
+    h: np.ndarray
+    w: np.ndarray
+    t: int
+    params: ClusteringParams
+    grad_clip: float
+    uniform: Callable[[int], np.ndarray]
+    memberships: np.ndarray = field(init=False)
+    w_local: np.ndarray = field(init=False)
+    eta: float = field(init=False, default=math.nan)
+    q2: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.q2 = self.params.w_steps(self.t)  # Q₂ᵗ
+
+    @property
+    def sample_ratio(self) -> float:
+        """q_{i,t} = Q₂ᵗ b / n_i, the paper's data-sampling ratio."""
+        n = self.x.shape[1]
+        return self.q2 * min(self.params.batch, n) / n
+
+    def train(self, privatize: Privatizer | None) -> Upload:
+        """Eq. (17) on H_i, eq. (18) on a copy of W; then ``privatize`` (W, W_i) (None: W_i as trained)."""
+        self.memberships = h_phase(self.x, self.w, self.h, self.params)
+        self.w_local, self.eta = w_phase(self.x, self.w, self.memberships, self.params, self.q2, self.uniform,
+                                         self.grad_clip)
+        if privatize is None:
+            return Upload([self.w_local])
+        upload, diagnostics = privatize([self.w], [self.w_local])
+        return Upload(upload, diagnostics)
+
+    def train_dpsgd(self, clip: float, noise_multiplier: float, noise: NoiseSource) -> Upload:
+        """DP-FedC has no DP-SGD: its mechanism releases the noisy centroids."""
+        raise ValueError(f"DP-FedC runs '{keys.DP_MODE}' = '{keys.DP_UPDATE}' or 'none', not DP-SGD")
+
+    def update_bound(self) -> float:
+        """C = Q₂ᵗG/η: the W phase's bound on ‖W_i − W‖_F when every minibatch gradient is clipped to G."""
+        return self.q2 * self.grad_clip / self.eta
+
+
 def client_round(x: np.ndarray, h: np.ndarray, w: np.ndarray, t: int, params: ClusteringParams,
                  privacy: RoundPrivacy, uniform: Callable[[int], np.ndarray],
                  noise: NoiseSource | None, upload: bool = True) -> RoundResult:
-    """Lines 8-22 of Algorithm 1 for one client (docs/notes/dpfedc.md §3.2).
+    """Lines 8-22 of Algorithm 1 for one client (docs/notes/dpfedc.md §3.2): the shared client code.
 
     x : X_i (m × n_i); h : H_i^{t−1} (k × n_i); w : the broadcast W^t (m × k); t >= 1.
     ``uniform`` draws the minibatches (not DP randomness); ``noise`` the Gaussian ξ_i.
     ``upload=False``: an unsampled client (Algorithm 1 still updates its H_i).
     """
-    h = h_phase(x, w, h, params)                                # eq. (17), Q₁ steps
-    q2 = params.w_steps(t)                                      # Q₂ᵗ
-    w_local, eta = w_phase(x, w, h, params, q2, uniform, privacy.grad_clip)   # eq. (18)
-    ratio = q2 * min(params.batch, x.shape[1]) / x.shape[1]
+    work = ClusteringWork(x, h, w, t, params, privacy.grad_clip, uniform)
     if not upload:
-        return RoundResult(w_local, h, None, eta, q2, ratio)
-    if privacy.mode == "rigorous":
-        release = privatize_centroids(w, w_local, privacy.clip, privacy.noise_multiplier, noise)
-    elif privacy.mode == "paper":
-        z = paper_noise_multiplier(privacy.paper_epsilon, privacy.delta, ratio)
-        release = privatize_centroids(w, w_local, q2 * privacy.grad_clip / eta, z, noise)  # eq. (19), (29)
-    else:
-        release = None
-    return RoundResult(release.centroids if release else w_local, h, release, eta, q2, ratio)
+        out = work.train(None)
+        return RoundResult(out.arrays[0], work.memberships, None, work.eta, work.q2, work.sample_ratio)
+    mechanism = privacy.mechanism(work.sample_ratio)
+    release = mechanism.release(mechanism.noise_multiplier)
+    out = mechanism.run(work, release, noise)  # type: ignore[arg-type]  # None only without noise
+    record = None
+    if mechanism.private:
+        clip = work.update_bound() if privacy.mode == "paper" else mechanism.clip
+        record = Release(out.arrays[0], release.noise_multiplier, clip, float(out.metrics["update-norm"]))
+    return RoundResult(out.arrays[0], work.memberships, record, work.eta, work.q2, work.sample_ratio)
 
 
 # ----------------------------------------------------------------------------- H_i storage
@@ -145,102 +191,60 @@ def store_memberships(context: Context, path: Path | None, h: np.ndarray) -> Non
 
 
 # ----------------------------------------------------------------------------- Flower
-def load_client_data(run_config: dict, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
+def load_client_data(settings: RunSettings, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
     """X_i (m × n_i) of this partition: the dataset named by ``dpfedc.dataset`` split with
     ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner)."""
-    from protocol.dpfedc import DPFedCConfig
-    from tasks.clustering import load_clustering_data, split
-
-    d = DPFedCConfig.from_run_config(run_config)
-    seed = int(run_config.get("seed", 0))
+    d, seed = settings.dpfedc, settings.seed
     data = load_clustering_data(d.dataset, d.data_dir or None, d.num_samples, seed)
     parts = split(data.y, num_partitions, d.split, seed)
     return check_data(data.x[parts[partition_id]].T, k, name=f"client {partition_id}'s data")
 
 
-def train_dpfedc(msg: Message, context: Context, profile, cfg: ConfigRecord, train: TrainConfig) -> Message:
-    """The train handler for DP-FedC (``client.app.train`` dispatches here under the lock).
+class ClusteringTask:
+    """A DP-FedC round for the shared client round (:mod:`client.round`).
 
-    ``cfg`` is the raw train config (DP-FedC's own keys); ``train`` its common part, decoded.
+    Reads DP-FedC's section of the train config, X_i, the broadcast W and H_i^{t−1}; after the
+    charge, keeps H_i^t on the client (:meth:`commit`).
 
-    Plans the round's noise (rigorous: z calibrated once per run from the client's budget
-    with :func:`client.round_plan.plan_round`; paper: from ε̄ by (32) inverted), refuses a round
-    that would exceed the budget, runs :func:`client_round`, charges the ledger one
-    ``(z, 1, 1)`` release (mode ``update``: it bounds the whole local data set's influence),
-    keeps H_i and answers with W̃_i and covered metrics only.
+    Raises
+    ------
+    ValueError, KeyError, FileNotFoundError
+        On a malformed section, W of the wrong shape, or absent data.
     """
-    from client.ledger_store import load_ledger, store_ledger
-    from privacy.exceptions import PrivacyBudgetExhausted
 
-    mode = train.dp_mode
-    started = time.perf_counter()
-    try:
-        section = DPFedCRound.decode(cfg)
-        calibration = section.calibration
-        params = section.params(train.batch_size)
-        ledger = load_ledger(profile, context, train.accountant)
-        x = load_client_data(dict(context.run_config), profile.partition_id, profile.num_partitions, params.k)
-        server_round = train.server_round
-        w = check_centroids(msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()[0], x.shape[0], params.k)
-    except (ValueError, KeyError, IndexError, FileNotFoundError) as exc:
-        return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
-    n = x.shape[1]
-    clip = train.clip
-    grad_clip = section.grad_clip or math.inf
-    private = dp_mode(mode).private
-    if not private:
-        if math.isfinite(ledger.epsilon_budget):
-            return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
-                          f"budget (eps={ledger.epsilon_budget:g}) and refuses non-private training")
-        privacy, charged = RoundPrivacy("none"), 0.0
-    elif calibration == "paper":
-        q2 = params.w_steps(server_round)
-        q = q2 * min(params.batch, n) / n
-        eps_round = paper_round_epsilon(section.epsilon_bar, q, section.client_rate, train.num_rounds)
-        privacy = RoundPrivacy("paper", grad_clip=grad_clip, paper_epsilon=eps_round, delta=ledger.delta)
-        charged = paper_noise_multiplier(eps_round, ledger.delta, q)
-        if not math.isfinite(grad_clip):
-            return error_reply(msg, ERROR_CONFIG, "config-error: the paper calibration needs dpfedc.grad-clip (G) > 0")
-    else:
-        planned = section.planned_rounds or train.num_rounds
-        try:
-            plan = plan_round(replace(train, num_rounds=planned, noise_shares=1), ledger, context, n)
-        except (PrivacyBudgetExhausted, ValueError) as exc:
-            return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
-        charged = plan.charged_multiplier
-        privacy = RoundPrivacy("rigorous", clip=clip, grad_clip=grad_clip, noise_multiplier=charged,
-                               delta=ledger.delta)
-    if private and ledger.would_exceed(charged, 1.0, 1):
-        return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
-                      f"eps={ledger.spent():.4f} of {ledger.epsilon_budget:g}; round {server_round} would exceed it")
+    def __init__(self, msg: Message, context: Context, profile: ClientProfile, cfg: TrainConfig) -> None:
+        record = msg.content.config_records[keys.CONFIG]
+        self.clustering: DPFedCRound | None = DPFedCRound.decode(record)
+        self.params = self.clustering.params(cfg.batch_size)
+        self.x = load_client_data(RunSettings.of(context.run_config), profile.partition_id, profile.num_partitions,
+                                  self.params.k)
+        self.w = check_centroids(msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()[0], self.x.shape[0],
+                                 self.params.k)
+        self.num_examples = int(self.x.shape[1])
+        self.context, self.cfg = context, cfg
+        folder = profile.shard_cache or (str(Path(profile.ledger_path).parent) if profile.ledger_path else None)
+        self.path = memberships_path(folder, profile.client_id, int(context.run_id))
+        self.h = load_memberships(context, self.path, self.params.k, self.num_examples,
+                                  client_seed(cfg.seed, profile.partition_id, 0))
+        self._work: ClusteringWork | None = None
 
-    seed = client_seed(train.seed, profile.partition_id, server_round)
-    folder = profile.shard_cache or (str(Path(profile.ledger_path).parent) if profile.ledger_path else None)
-    path = memberships_path(folder, profile.client_id, int(context.run_id))
-    h = load_memberships(context, path, params.k, n, client_seed(train.seed, profile.partition_id, 0))
-    batches = np.random.default_rng(seed)  # minibatch choice: not DP randomness
-    result = client_round(x, h, w, server_round, params, privacy, batches.random, noise_for(profile, seed))
-    stale = stale_reason(msg)
-    if stale:
-        return error_reply(msg, ERROR_STALE, stale)
-    before = ledger.spent()
-    try:  # a non-private round is charged (0, 1, 1): eps = inf, as in client.app
-        ledger.record(charged, 1.0, 1, server_round=server_round, run_id=int(context.run_id),
-                      mode=keys.DP_UPDATE if private else keys.DP_NONE)  # it bounds the whole data set
-    except PrivacyBudgetExhausted as exc:
-        return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {exc}")
-    store_ledger(ledger, profile, context)
-    store_memberships(context, path, result.memberships)  # H_i stays here, never in the reply
-    uncovered: dict[str, float] = {}
-    if profile.report_train_metrics:  # data-dependent, outside the guarantee
-        uncovered[keys.TRAIN_SECONDS] = float(time.perf_counter() - started)
-        if result.release:
-            uncovered[keys.UPDATE_NORM] = float(result.release.update_norm)
-    report = train_report(ledger, before, num_examples=int(n), noise_multiplier=charged, sample_rate=1.0,
-                          local_steps=1, extra=uncovered,
-                          clip=grad_clip if calibration == "paper" and private else clip)  # never η
-    meta = reply_meta(profile, **{keys.DP_MODE: mode, keys.GUARANTEE_UNIT: ledger.unit(),
-                             keys.TRAIN_METRICS: "on" if profile.report_train_metrics else "off"})
-    arrays = ArrayRecord({"centroids": Array(np.asarray(result.upload, np.float64))})
-    return Message(RecordDict({keys.ARRAYS: arrays, keys.METRICS: MetricRecord(report.metrics()), keys.META: meta}),
-                   reply_to=msg)
+    def work(self, seed: int) -> ClusteringWork:
+        """The round's :class:`ClusteringWork`; minibatches from ``seed`` (not DP randomness)."""
+        grad_clip = self.clustering.grad_clip if self.clustering and self.clustering.grad_clip else math.inf
+        self._work = ClusteringWork(self.x, self.h, self.w, self.cfg.server_round, self.params, grad_clip,
+                                    np.random.default_rng(seed).random)
+        return self._work
+
+    def encode(self, upload: Upload) -> ArrayRecord:
+        """W̃_i, in float64."""
+        return ArrayRecord({"centroids": Array(np.asarray(upload.arrays[0], np.float64))})
+
+    def commit(self) -> None:
+        """Keep H_i^t (never in the reply)."""
+        assert self._work is not None
+        store_memberships(self.context, self.path, self._work.memberships)
+
+    @staticmethod
+    def count(settings: RunSettings, profile: ClientProfile) -> int:
+        """n_i for the handshake."""
+        return int(load_client_data(settings, profile.partition_id, profile.num_partitions, 1).shape[1])

@@ -56,11 +56,10 @@ from torch import nn
 from torch.func import functional_call
 
 from client.training import LocalTrainingConfig, train_dpsgd
-from privacy.accountants import Step
-from privacy.mechanisms import local_noise_multiplier, privatize_update
-from privacy.dp_modes import dp_mode
+from privacy.mechanisms import Privatizer
 from privacy.randomness import NoiseSource
 from protocol import keys
+from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset
 from tasks.partition import HOLDOUT_FRACTION, training_size
@@ -79,7 +78,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "HOLDOUT_FRACTION",
     "STATE_KEY_PREFIX",
-    "dpsgd_workload",
     "training_size",
     "holdout_split",
     "load_personal",
@@ -129,20 +127,6 @@ def holdout_split(data: ArrayDataset, run_seed: int, partition_id: int) -> tuple
     return data.subset(np.sort(order[n_test:])), data.subset(np.sort(order[:n_test]))
 
 
-def dpsgd_workload(config: TrainConfig, num_examples: int) -> tuple[int, int]:
-    """(examples trained on, passes over them) of one ``dpsgd`` round, for any train config.
-
-    Without personalization: the whole shard, ``local-epochs``. With it: the 80 % split
-    (:func:`training_size`), and for CENTAUR ``head-epochs`` more passes (its head phase).
-    """
-    if not config.personalization:
-        return int(num_examples), config.local_epochs
-    epochs = config.local_epochs
-    if config.personalization == keys.PERSONALIZATION_HEAD:
-        epochs += config.head_epochs
-    return training_size(num_examples), epochs
-
-
 def _state_key(scheme: str) -> str:
     return f"{STATE_KEY_PREFIX}.{scheme}"
 
@@ -180,16 +164,12 @@ def _head_split(model: nn.Module) -> tuple[list[str], list[str]]:
     return head, body
 
 
-def _privatize(
-    update: list[np.ndarray], clip: float, noise_multiplier: float, noise_shares: int, private: bool,
-    noise: NoiseSource,
-) -> tuple[list[np.ndarray], dict[str, float], list[Step]]:
-    """The update mode's mechanism on the shared part (or nothing for ``dp-mode none``)."""
-    if not private:
-        return update, {}, [(0.0, 1.0, 1)]
-    noisy, diag = privatize_update(update, clip=clip, noise_multiplier=noise_multiplier,
-                                   noise_shares=noise_shares, rng=noise)
-    return noisy, diag, [(local_noise_multiplier(noise_multiplier, noise_shares), 1.0, 1)]
+def _privatize(received: list[np.ndarray], trained: list[np.ndarray],
+               privatize: Privatizer | None) -> tuple[list[np.ndarray], dict[str, float]]:
+    """The mechanism's privatisation of the shared part (None, ``dp-mode none``: received + Δ)."""
+    if privatize is None:
+        return [r + (t - r) for r, t in zip(received, trained, strict=True)], {}
+    return privatize(received, trained)
 
 
 # -------------------------------------------------------------------- training
@@ -229,11 +209,11 @@ def _train_additive(
 
 
 def _train_phase(model: nn.Module, trainable: Sequence[str], data: ArrayDataset, cfg: LocalTrainingConfig,
-                 epochs: int, seed: int, dpsgd: _DPSGD | None = None) -> tuple[dict[str, float], list[Step]]:
+                 epochs: int, seed: int, dpsgd: _DPSGD | None = None) -> dict[str, float]:
     """SGD on the named parameters only (the others frozen), then unfreeze all.
 
-    Plain SGD (no steps to charge) or, with ``dpsgd``, Opacus DP-SGD: the frozen
-    parameters get no gradient and no noise; the steps to charge are returned.
+    Plain SGD or, with ``dpsgd``, Opacus DP-SGD: the frozen parameters get no gradient and no
+    noise.
     """
     params = dict(unwrap(model).named_parameters())
     wanted = set(trainable)
@@ -242,10 +222,10 @@ def _train_phase(model: nn.Module, trainable: Sequence[str], data: ArrayDataset,
             p.requires_grad_(name in wanted)
         if dpsgd is None:
             return train_plain(model, data, epochs=epochs, batch_size=cfg.batch_size, lr=cfg.learning_rate,
-                               momentum=cfg.momentum, seed=seed), []
+                               momentum=cfg.momentum, seed=seed)
         return train_dpsgd(model, data, replace(cfg, epochs=epochs, seed=seed), clip=dpsgd.clip,
                            noise_multiplier=dpsgd.noise_multiplier, noise=dpsgd.noise,
-                           grad_sample_mode=dpsgd.grad_sample_mode)
+                           grad_sample_mode=dpsgd.grad_sample_mode)[0]
     finally:
         for p in params.values():
             p.requires_grad_(True)
@@ -254,18 +234,18 @@ def _train_phase(model: nn.Module, trainable: Sequence[str], data: ArrayDataset,
 def _train_additive_dpsgd(
     model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig, received: dict[str, np.ndarray],
     v: dict[str, np.ndarray], alpha: float, dpsgd: _DPSGD,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, float], list[Step]]:
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, float]]:
     """PPSGD's joint steps under DP-SGD: train w = u₀ + v at rate (1+α)η, split Δw (module doc)."""
     names = list(received)
     start = {n: received[n] + v[n] for n in names}
     set_weights(model, [start[n] for n in names])
-    metrics, steps = train_dpsgd(model, data, replace(cfg, learning_rate=(1.0 + alpha) * cfg.learning_rate),
-                                 clip=dpsgd.clip, noise_multiplier=dpsgd.noise_multiplier,
-                                 noise=dpsgd.noise, grad_sample_mode=dpsgd.grad_sample_mode)
+    metrics, _ = train_dpsgd(model, data, replace(cfg, learning_rate=(1.0 + alpha) * cfg.learning_rate),
+                             clip=dpsgd.clip, noise_multiplier=dpsgd.noise_multiplier,
+                             noise=dpsgd.noise, grad_sample_mode=dpsgd.grad_sample_mode)
     moved = {n: w - start[n] for n, w in zip(names, get_weights(model))}
     u = {n: received[n] + moved[n] / (1.0 + alpha) for n in names}
     v_new = {n: v[n] + alpha * moved[n] / (1.0 + alpha) for n in names}
-    return u, v_new, metrics, steps
+    return u, v_new, metrics
 
 
 @dataclass(frozen=True)
@@ -285,67 +265,59 @@ def train_personalized(
     config: TrainConfig,
     context: Context,
     *,
-    clip: float,
-    noise_multiplier: float,
     partition_id: int,
-    noise: NoiseSource,
+    privatize: Privatizer | None = None,
+    dpsgd: tuple[float, float, NoiseSource] | None = None,
     grad_sample_mode: str = "ghost",
-) -> tuple[dict[str, float], list[Step]]:
+) -> dict[str, float]:
     """One round of PPSGD or CENTAUR client work; leaves the **upload** in ``model``.
 
-    Every DP draw (noise, Poisson sampling) comes from the private ``noise`` source.
-
-    ``model`` holds the received global model on entry. On return it holds what the
-    client sends: the privatised shared part, with the personal part removed (PPSGD: u
-    only; CENTAUR: the head entries equal to the received head). The updated personal
-    part is stored in ``context.state``. Returns ``(metrics, steps)`` like
-    ``client.training``: one release of multiplier σ/√m (update mode), the DP-SGD steps
-    actually taken (dpsgd mode), or a zero-noise step for ``dp-mode none``. ``metrics``
-    carries ``num-examples`` = the number of training examples (the 80% split).
+    ``model`` holds the received global model on entry. On return it holds what the client
+    sends: the shared part (privatised by ``privatize``, the round's mechanism, in ``update``
+    mode; every step DP-SGD with ``dpsgd = (C, σ, noise)`` in ``dpsgd`` mode), with the
+    personal part removed (PPSGD: u only; CENTAUR: the head entries equal to the received
+    head). The updated personal part is stored in ``context.state``. ``metrics`` carries
+    ``num-examples`` = the number of training examples (the 80% split). Every DP draw comes
+    from the mechanism's noise source.
 
     Raises
     ------
     ValueError
-        On an unknown scheme or dp-mode, a model without a Linear head (CENTAUR), or a
-        shard too small to split.
+        On an unknown scheme, a model without a Linear head (CENTAUR), or a shard too small to
+        split.
     """
-    scheme, mode, shares = config.personalization, dp_mode(config.dp_mode), config.noise_shares
-    private = mode.whole_update
-    dpsgd = _DPSGD(clip, noise_multiplier, grad_sample_mode, noise) if mode.per_record else None
-    train, _ = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
+    scheme = config.personalization
+    sgd = _DPSGD(dpsgd[0], dpsgd[1], grad_sample_mode, dpsgd[2]) if dpsgd is not None else None
+    train, _ = holdout_split(data, RunSettings.of(context.run_config).seed, partition_id)
     names = weight_names(model)
-    received = dict(zip(names, get_weights(model)))
+    received = dict(zip(names, get_weights(model), strict=True))
 
     if scheme == keys.PERSONALIZATION_ADDITIVE:
         alpha = config.personal_lr_scale
         if not alpha > 0:
             raise ValueError(f"'{keys.PERSONAL_LR_SCALE}' must be > 0; found {alpha}")
         v = load_personal(context, scheme, received) or {n: np.zeros_like(a) for n, a in received.items()}
-        if dpsgd is not None:
-            u, v_new, metrics, steps = _train_additive_dpsgd(model, train, cfg, received, v, alpha, dpsgd)
+        if sgd is not None:
+            u, v_new, metrics = _train_additive_dpsgd(model, train, cfg, received, v, alpha, sgd)
             upload, diag = [u[n] for n in names], dict[str, float]()
         else:
             u, v_new, metrics = _train_additive(model, train, cfg, v, alpha)
-            delta = [u[n] - received[n] for n in names]
-            noisy, diag, steps = _privatize(delta, clip, noise_multiplier, shares, private, noise)
-            upload = [received[n] + d for n, d in zip(names, noisy)]
+            upload, diag = _privatize([received[n] for n in names], [u[n] for n in names], privatize)
         _store_personal(context, scheme, v_new)
     elif scheme == keys.PERSONALIZATION_HEAD:
         head, body = _head_split(model)
-        head_epochs = config.head_epochs
         local_head = load_personal(context, scheme, {n: received[n] for n in head})
         if local_head is not None:
             set_weights(model, [local_head.get(n, received[n]) for n in names])
-        head_metrics, head_steps = _train_phase(model, head, train, cfg, head_epochs, cfg.seed, dpsgd)
-        metrics, body_steps = (_train_phase(model, body, train, cfg, cfg.epochs, cfg.seed + 1, dpsgd) if body
-                               else ({keys.TRAIN_LOSS: head_metrics[keys.TRAIN_LOSS], keys.LOCAL_STEPS: 0.0}, []))
-        trained = dict(zip(names, get_weights(model)))
-        if dpsgd is not None:  # both phases were DP-SGD: the body is already private
-            noisy, diag, steps = [trained[n] - received[n] for n in body], {}, head_steps + body_steps
+        head_metrics = _train_phase(model, head, train, cfg, config.head_epochs, cfg.seed, sgd)
+        metrics = (_train_phase(model, body, train, cfg, cfg.epochs, cfg.seed + 1, sgd) if body
+                   else {keys.TRAIN_LOSS: head_metrics[keys.TRAIN_LOSS], keys.LOCAL_STEPS: 0.0})
+        trained = dict(zip(names, get_weights(model), strict=True))
+        if sgd is not None:  # both phases were DP-SGD: the body is already private
+            shared_body, diag = [trained[n] for n in body], dict[str, float]()
         else:
-            noisy, diag, steps = _privatize([trained[n] - received[n] for n in body], clip, noise_multiplier,
-                                            shares, private, noise)
-        shared = {n: received[n] + d for n, d in zip(body, noisy)}
+            shared_body, diag = _privatize([received[n] for n in body], [trained[n] for n in body], privatize)
+        shared = dict(zip(body, shared_body, strict=True))
         upload = [shared[n] if n in shared else received[n].copy() for n in names]
         _store_personal(context, scheme, {n: trained[n] for n in head})
         metrics = {**metrics, "head-train-loss": float(head_metrics[keys.TRAIN_LOSS]),
@@ -353,8 +325,7 @@ def train_personalized(
     else:
         raise ValueError(f"'{keys.PERSONALIZATION}' is not set in the train config")
     set_weights(model, upload)
-    metrics = {**metrics, **diag, keys.NUM_EXAMPLES: int(len(train))}
-    return metrics, steps
+    return {**metrics, **diag, keys.NUM_EXAMPLES: int(len(train))}
 
 
 # ------------------------------------------------------------------ evaluation
@@ -372,7 +343,7 @@ def personalize_for_evaluation(
     scheme = scheme_of(config)
     if not scheme:
         return model, data
-    _, test = holdout_split(data, int(context.run_config.get("seed", 0)), partition_id)
+    _, test = holdout_split(data, RunSettings.of(context.run_config).seed, partition_id)
     names = weight_names(model)
     received = dict(zip(names, get_weights(model)))
     if scheme == keys.PERSONALIZATION_ADDITIVE:

@@ -11,15 +11,19 @@ that every process computes the same value without coordination.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from privacy.budgets import GDPFED_FMNIST_GROUPS, budget_for
+from privacy.budgets import budget_for
 from privacy.randomness import NOISE_SOURCES
-from protocol.config import numbers
+from protocol.roster import Roster, SigningKey, simulated_key_path
+from protocol.run_settings import RunSettings
+from protocol.site import SiteFloors
 from protocol.keys import (
     BUDGET_REFERENCE,
     BUDGET_REFERENCES,
@@ -35,18 +39,15 @@ from protocol.keys import (
     NODE_NUM_PARTITIONS,
     NODE_PARTITION_ID,
     NODE_REPORT_TRAIN_METRICS,
+    NODE_ROSTER,
     NODE_SHARD_CACHE,
+    NODE_SIGNING_KEY,
 )
 
 UserConfig = Mapping[str, bool | int | float | str]
 
-#: Run-config keys a *simulated* client honours (in simulation the experimenter is also
-#: every client's operator). A deployed client (its node config declares ``epsilon``)
-#: takes these from its own node config only: the server cannot switch them on.
-RUN_NOISE_SOURCE = "noise-source"
-RUN_CLIENT_EVALUATION = "client-evaluation"
-RUN_REPORT_TRAIN_METRICS = "report-train-metrics"
-RUN_LEDGER_DIR = "ledger-dir"
+#: δ of a deployed site that declares none: its own default, never the server's run config.
+DEFAULT_DELTA = 1e-5
 
 #: The ``budget-distribution`` value of the non-private baseline: no budget at all.
 NO_BUDGET = "none"
@@ -86,6 +87,13 @@ class ClientProfile:
         (outside the guarantee; off by default).
     max_examples : int | None
         Operator's cap on the examples this client trains on (and declares).
+    floors : SiteFloors
+        What the site refuses whatever the server asks (:mod:`protocol.site`).
+    roster, signing_key : str or None
+        The federation roster and this site's signing key (:mod:`protocol.roster`): a deployed
+        site's from its node config only; a simulated one's from the run's ``roster`` (its key
+        beside it). None: no roster (secure sums then hold against a server that follows the
+        protocol only).
     """
 
     client_id: str
@@ -101,6 +109,9 @@ class ClientProfile:
     allow_evaluation: bool = False
     report_train_metrics: bool = False
     max_examples: int | None = None
+    floors: SiteFloors = SiteFloors()
+    roster: str | None = None
+    signing_key: str | None = None
 
     @property
     def simulated(self) -> bool:
@@ -120,29 +131,20 @@ def _node_int(node_config: UserConfig, key: str) -> int:
     return int(value)
 
 
-def simulated_budget(run_config: UserConfig, partition_id: int, num_partitions: int,
-                     reference: str = "") -> float:
-    """ε of a simulated client, from the run config's ``budget-distribution``.
+def simulated_budget(settings: RunSettings, partition_id: int, num_partitions: int, reference: str = "") -> float:
+    """ε of a simulated client, from the run's ``budget-distribution``.
 
     ``reference`` (``keys.BUDGET_REFERENCE`` of the message) is PFA's homogeneous references:
     ``"minimum"`` (resp. ``"maximum"``) gives every client the smallest (largest) budget of
     the distribution. ``maximum`` is an oracle that assumes every client accepts the most
     permissive budget; it exists only to bound what heterogeneous methods could reach.
     """
-    distribution = str(run_config["budget-distribution"])
-    if distribution == NO_BUDGET:
+    if settings.budget_distribution == NO_BUDGET:
         return math.inf
-    groups, ratio = GDPFED_FMNIST_GROUPS, None
-    if distribution == "groups" and "budget-groups" in run_config:
-        groups = numbers("budget-groups", str(run_config["budget-groups"]))
-    if distribution == "groups" and "budget-group-ratio" in run_config:
-        ratio = tuple(int(r) for r in numbers("budget-group-ratio", str(run_config["budget-group-ratio"])))
+    params = settings.budget_params
 
     def draw(client_id: int) -> float:
-        return budget_for(distribution, client_id, num_clients=num_partitions, seed=int(run_config["seed"]),
-                          epsilon=float(run_config["epsilon"]), epsilon_min=float(run_config["epsilon-min"]),
-                          epsilon_max=float(run_config["epsilon-max"]), groups=groups, group_ratio=ratio,
-                          components=str(run_config.get("budget-components", "drawn")))
+        return budget_for(settings.budget_distribution, client_id, num_clients=num_partitions, **params)
 
     if reference in BUDGET_REFERENCES:  # the reference needs every budget: O(N), these two only
         everyone = [draw(i) for i in range(num_partitions)]
@@ -179,11 +181,12 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig, reference: 
         raise ValueError(
             f"node-config 'partition-id' must be in [0, {num_partitions}); found {partition_id}"
         )
+    settings = RunSettings.of(run_config)
     if NODE_EPSILON in node_config:
         epsilon = _node_float(node_config, NODE_EPSILON)
         source = "node-config"
     elif deployed():
-        if str(run_config.get("budget-distribution", "")) != NO_BUDGET:
+        if settings.budget_distribution != NO_BUDGET:
             raise ValueError(
                 f"node-config declares no '{NODE_EPSILON}': a deployed site's privacy budget comes only from "
                 f"the site; start the SuperNode with --node-config \"... {NODE_EPSILON}=<eps> {NODE_DELTA}=<delta>\" "
@@ -191,17 +194,18 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig, reference: 
             )
         epsilon, source = math.inf, "none-declared"
     else:
-        epsilon = simulated_budget(run_config, partition_id, num_partitions, reference)
+        epsilon = simulated_budget(settings, partition_id, num_partitions, reference)
         source = "distribution"
-    delta = _node_float(node_config, NODE_DELTA) if NODE_DELTA in node_config else float(run_config.get("delta", 1e-5))
+    simulated = source == "distribution"
+    # δ is part of the guarantee: a site's own (its node config, else DEFAULT_DELTA), never the server's
+    delta = _node_float(node_config, NODE_DELTA) if NODE_DELTA in node_config else (
+        settings.delta if simulated else DEFAULT_DELTA)
     if not (epsilon > 0):  # also rejects NaN
         raise ValueError(f"node-config 'epsilon' must be > 0 (or inf); found {epsilon}")
     if not 0.0 < delta < 1.0:
         raise ValueError(f"node-config 'delta' must be in (0, 1); found {delta}")
-    simulated = source == "distribution"
     # In simulation the run config speaks for every client; in deployment only the node.
-    options = {**run_config, **node_config} if simulated else dict(node_config)
-    noise = str(options.get(NODE_NOISE_SOURCE, "csprng"))
+    noise = str(node_config.get(NODE_NOISE_SOURCE, settings.noise_source if simulated else "csprng"))
     if noise not in NOISE_SOURCES:
         raise ValueError(f"node-config '{NODE_NOISE_SOURCE}' must be one of {', '.join(NOISE_SOURCES)}; "
                          f"found {noise!r}")
@@ -209,12 +213,13 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig, reference: 
         raise ValueError(f"'{NODE_NOISE_SOURCE}=seeded' lets whoever knows the run seed remove this client's "
                          f"noise; a deployed node accepts it only with node-config "
                          f"'{NODE_ALLOW_SEEDED_NOISE}=true'")
-    evaluation = (_node_flag(node_config, NODE_ALLOW_EVALUATION) or
-                  (simulated and str(run_config.get(RUN_CLIENT_EVALUATION, "off")) == "on"))
-    train_metrics = (_node_flag(node_config, NODE_REPORT_TRAIN_METRICS) or
-                     (simulated and bool(run_config.get(RUN_REPORT_TRAIN_METRICS, False))))
+    evaluation = _node_flag(node_config, NODE_ALLOW_EVALUATION) or (simulated and settings.client_evaluation == "on")
+    train_metrics = _node_flag(node_config, NODE_REPORT_TRAIN_METRICS) or (simulated and settings.report_train_metrics)
+    floors = settings.site if simulated else SiteFloors.from_node_config(node_config)
+    client_id = str(node_config.get(NODE_CLIENT_ID, partition_id))
+    roster, signing_key = _identity(node_config, settings, simulated, client_id)
     ledger = node_config.get(NODE_LEDGER_PATH)
-    ledger_dir = str(run_config.get(RUN_LEDGER_DIR, "")) if simulated else ""
+    ledger_dir = settings.ledger_dir if simulated else ""
     if not ledger and ledger_dir:
         ledger = str(Path(ledger_dir) / f"client-{partition_id}.json")
     data_dir = node_config.get(NODE_DATA_DIR)
@@ -223,7 +228,7 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig, reference: 
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"node-config '{NODE_MAX_EXAMPLES}' must be an integer >= 1; found {max_examples}")
     return ClientProfile(
-        client_id=str(node_config.get(NODE_CLIENT_ID, partition_id)),
+        client_id=client_id,
         partition_id=partition_id,
         num_partitions=num_partitions,
         epsilon_budget=epsilon,
@@ -236,7 +241,60 @@ def resolve_profile(node_config: UserConfig, run_config: UserConfig, reference: 
         allow_evaluation=evaluation,
         report_train_metrics=train_metrics,
         max_examples=max_examples,
+        floors=floors,
+        roster=roster,
+        signing_key=signing_key,
     )
+
+
+def _identity(node_config: UserConfig, settings: RunSettings, simulated: bool,
+              client_id: str) -> tuple[str | None, str | None]:
+    """The roster and signing key paths, checked: both or neither, and the roster holds this site's key.
+
+    A deployed site's come from its node config alone: a server that could point a client at a roster
+    of its choosing could vouch for keys of its own.
+    """
+    if simulated:
+        if not settings.roster:
+            return None, None
+        roster, key = settings.roster, str(simulated_key_path(settings.roster, client_id))
+    else:
+        roster, key = node_config.get(NODE_ROSTER), node_config.get(NODE_SIGNING_KEY)
+        if not roster and not key:
+            return None, None
+        if not (roster and key):
+            raise ValueError(f"node-config needs both '{NODE_ROSTER}' and '{NODE_SIGNING_KEY}' (files the operator "
+                             "generated with `privet roster generate`), or neither")
+    if not load_roster(str(roster)).holds(client_id, load_signing_key(str(key))):
+        raise ValueError(f"the roster {roster!r} does not hold this site's signing key under client-id "
+                         f"{client_id!r}: check 'client-id', '{NODE_ROSTER}' and '{NODE_SIGNING_KEY}'")
+    return str(roster), str(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _roster(path: str, mtime: float) -> Roster:
+    return Roster.load(path)
+
+
+def load_roster(path: str) -> Roster:
+    """The roster file (read again when it changes); ValueError naming the file."""
+    try:
+        return _roster(path, os.stat(path).st_mtime)
+    except OSError as exc:
+        raise ValueError(f"roster {path!r} cannot be read: {exc}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _signing_key(path: str, mtime: float) -> SigningKey:
+    return SigningKey.load(path)
+
+
+def load_signing_key(path: str) -> SigningKey:
+    """The signing key file (read again when it changes); ValueError naming the file."""
+    try:
+        return _signing_key(path, os.stat(path).st_mtime)
+    except OSError as exc:
+        raise ValueError(f"signing key {path!r} cannot be read: {exc}") from None
 
 
 def _node_float(node_config: UserConfig, key: str) -> float:

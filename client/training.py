@@ -40,15 +40,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from client.linear_dpsgd import LinearDPSGD
 from privacy.accountants import Step, import_opacus
-from privacy.mechanisms import (
-    dpsgd_expected_batch,
-    dpsgd_sample_rate,
-    dpsgd_steps_per_round,
-    local_noise_multiplier,
-    privatize_update,
-)
+from privacy.mechanisms import dpsgd_expected_batch, dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.randomness import NoiseSource
-from privacy.secure_sum import charged_multiplier
 from tasks.datasets import ArrayDataset
 from tasks.models import LINEAR_MODE, get_weights, set_weights, train_plain
 
@@ -228,44 +221,3 @@ def _opacus_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x_all: tor
         dp_optimizer.zero_grad()
         dp_model.to_standard_module()
     return losses
-
-
-def train_update_dp(
-    model: nn.Module,
-    data: ArrayDataset,
-    cfg: LocalTrainingConfig,
-    *,
-    clip: float,
-    noise_multiplier: float,
-    noise_shares: int,
-    noise: NoiseSource,
-    min_survivors: int | None = None,
-) -> tuple[dict[str, float], list[Step]]:
-    """Client-level DP: plain local SGD, then clip Δ to C and add N(0, σ²C²/m) locally.
-
-    The new model sent up is w₀ + clip(Δ) + noise, the noise drawn from the private
-    ``noise`` source. Charged to the ledger: one Gaussian mechanism at sampling rate 1 (the
-    server knows who took part), under replace-one, with multiplier σ/√m when the upload
-    is seen on its own, or σ·√(r_min/m) when it leaves only inside a secure sum of at least
-    ``min_survivors`` = r_min inputs (:mod:`privacy.secure_sum`).
-    """
-    start = [w.copy() for w in get_weights(model)]
-    metrics = local_sgd(model, data, cfg)
-    trained = get_weights(model)
-    update = [w - w0 for w, w0 in zip(trained, start)]
-    noisy, diag = privatize_update(
-        update, clip=clip, noise_multiplier=noise_multiplier, noise_shares=noise_shares, rng=noise
-    )
-    set_weights(model, [w0 + u for w0, u in zip(start, noisy)])
-    metrics = {**metrics, **diag}
-    per_upload = (local_noise_multiplier(noise_multiplier, noise_shares) if min_survivors is None
-                  else charged_multiplier(noise_multiplier, noise_shares, min_survivors))
-    return metrics, [(per_upload, 1.0, 1)]
-
-
-def train_non_private(
-    model: nn.Module, data: ArrayDataset, cfg: LocalTrainingConfig
-) -> tuple[dict[str, float], list[Step]]:
-    """Plain local SGD; charges one zero-noise step, so the ledger honestly reads ε = ∞."""
-    metrics = local_sgd(model, data, cfg)
-    return metrics, [(0.0, 1.0, 1)]

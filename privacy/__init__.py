@@ -7,7 +7,7 @@ accountants
 calibration
     The smallest noise multiplier that meets a target ε (never overshoots).
 mechanisms
-    Clipping and Gaussian noise on model updates (pure, seeded numpy functions).
+    The mechanisms a client round runs, one object each; clipping and Gaussian noise.
 budgets
     Per-client budgets from PFA's and GDPFed's distributions, deterministic per client.
 ledger
@@ -23,7 +23,7 @@ from privacy.budgets import BUDGET_DISTRIBUTIONS, budget_for, budgets_for, group
 from privacy.calibration import epsilon_for, noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
-from privacy.mechanisms import (
+from privacy.mechanisms.gaussian import (
     clip_update,
     gaussian_noise_like,
     l2_norm,

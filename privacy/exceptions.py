@@ -7,17 +7,13 @@ run is under way and that callers are expected to catch and report.
 
 from __future__ import annotations
 
-from flwr.serverapp.exception import PrivacyBudgetExhausted as FlowerPrivacyBudgetExhausted
-
 __all__ = ["PrivacyBudgetExhausted"]
 
 
-class PrivacyBudgetExhausted(FlowerPrivacyBudgetExhausted, RuntimeError):
-    """A release would take a client's cumulative ε past its budget.
+class PrivacyBudgetExhausted(RuntimeError):
+    """A release would take a client's cumulative ε past its budget (or a mechanism allows no more).
 
     Raised *before* anything is recorded or released: the ledger and the accountant are
-    unchanged when this is raised, so the caller can refuse the work and report it.
-    It is Flower's exception of the same name (``flwr.serverapp.exception``), so code
-    written for Flower's differential-privacy wrappers catches it too; raised out of a
-    ServerApp it exits with Flower's exit code for an unmet strategy precondition.
+    unchanged when this is raised, so the caller can refuse the work and report it. (The
+    privacy package depends on nothing of Flower's.)
     """

@@ -26,6 +26,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from privacy.checks import (
@@ -46,7 +47,7 @@ from privacy.accountants import (
 )
 from privacy.exceptions import PrivacyBudgetExhausted
 
-__all__ = ["CLIENT_LEVEL_MODES", "LEDGER_KIND", "PrivacyLedger", "UNIT_CLIENT", "UNIT_RECORD"]
+__all__ = ["CLIENT_LEVEL_MODES", "LEDGER_KIND", "PrivacyLedger", "RunPlan", "UNIT_CLIENT", "UNIT_RECORD"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ LEDGER_KIND = "privet-privacy-ledger"
 
 #: Version of the ledger JSON layout. Version 1 (no ``modes``, ``relation``) still loads:
 #: its mechanisms are re-accounted under replace-one and its releases have mode "unknown".
-LEDGER_SCHEMA_VERSION = 2
+#: Version 2 (no ``runs``) loads with no run plans.
+LEDGER_SCHEMA_VERSION = 3
 
 #: Modes whose releases protect a client's whole dataset; every other mode protects a record.
 CLIENT_LEVEL_MODES = frozenset({"update"})
@@ -74,7 +76,51 @@ _REQUIRED_KEYS = (
     "run_ids",
 )
 _V2_KEYS = ("modes", "relation")
+_V3_KEYS = ("runs",)
 _INFORMATIONAL_KEYS = ("epsilon_spent", "unit")  # written for humans, ignored (recomputed) on load
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a client fixed for one run, kept with its ledger so that a restart changes nothing.
+
+    Attributes
+    ----------
+    cap : float
+        The ε the run may bring the ledger to (spent before the run + the run's target ε);
+        ``inf``: only the budget limits it.
+    noise_multiplier : float
+        σ charged per release: calibrated once for the run, or a pre-charged group's σ_m.
+    kind : str
+        The mechanism (:data:`privacy.mechanisms.MECHANISMS`).
+    rounds : int
+        T the run was planned (calibrated or pre-charged) for.
+    sample_rate : float
+        q of a pre-charged run (GDPFed's q_m); 1 otherwise.
+    """
+
+    cap: float
+    noise_multiplier: float
+    kind: str
+    rounds: int
+    sample_rate: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (an infinite cap is ``null``)."""
+        return {"cap": self.cap if math.isfinite(self.cap) else None, "noise_multiplier": self.noise_multiplier,
+                "kind": self.kind, "rounds": self.rounds, "sample_rate": self.sample_rate}
+
+    @classmethod
+    def from_dict(cls, state: Any, name: str) -> RunPlan:
+        """Read :meth:`to_dict`; ValueError naming the entry if it is malformed."""
+        if not isinstance(state, dict) or set(state) != {"cap", "noise_multiplier", "kind", "rounds", "sample_rate"}:
+            raise ValueError(f"ledger '{name}' must hold cap, noise_multiplier, kind, rounds, sample_rate; "
+                             f"found {state!r}")
+        cap = math.inf if state["cap"] is None else check_positive(f"{name}.cap", state["cap"])
+        sigma, rate, rounds = check_release(state["noise_multiplier"], state["sample_rate"], state["rounds"])
+        if not isinstance(state["kind"], str):
+            raise ValueError(f"ledger '{name}.kind' must be a string; found {state['kind']!r}")
+        return cls(cap, sigma, state["kind"], rounds, rate)
 
 
 @dataclass
@@ -99,6 +145,8 @@ class PrivacyLedger:
     modes : list of str
         Parallel to ``rounds``: the DP mode of each release (``"unknown"`` for releases
         loaded from a version-1 ledger).
+    runs : dict of int to RunPlan
+        Per run id, the cap and mechanism the client fixed for that run (:meth:`open_run`).
 
     Notes
     -----
@@ -112,6 +160,7 @@ class PrivacyLedger:
     rounds: list[int] = field(default_factory=list)
     run_ids: list[int] = field(default_factory=list)
     modes: list[str] = field(default_factory=list)
+    runs: dict[int, RunPlan] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.epsilon_budget = check_positive("epsilon_budget", self.epsilon_budget)
@@ -173,6 +222,13 @@ class PrivacyLedger:
         projected = epsilon_of([*self.history, step], self.delta, self.accountant)
         return exceeds_budget(projected, self.epsilon_budget)
 
+    def would_exceed_release(self, charges: Sequence[Step], run_id: int) -> bool:
+        """Whether recording ``charges`` would take cumulative ε past the budget or the run's cap."""
+        if not charges:
+            return False
+        projected = epsilon_of([*self.history, *charges], self.delta, self.accountant)
+        return exceeds_budget(projected, self.limit(run_id))
+
     def record(
         self,
         noise_multiplier: float,
@@ -183,7 +239,7 @@ class PrivacyLedger:
         run_id: int,
         mode: str = UNKNOWN_MODE,
     ) -> None:
-        """Charge ``steps`` runs of a q-subsampled Gaussian mechanism with multiplier σ.
+        """Charge ``steps`` runs of a q-subsampled Gaussian mechanism with multiplier σ (one release).
 
         ``mode`` is the DP mode the release came from (it decides :meth:`unit`).
 
@@ -195,20 +251,52 @@ class PrivacyLedger:
             If an argument is out of its domain; the ledger is unchanged.
         """
         step = check_release(noise_multiplier, sample_rate, steps)
-        server_round = check_int("server_round", server_round, minimum=0)
-        run_id = check_int("run_id", run_id, minimum=0)
-        projected = epsilon_of([*self.history, step], self.delta, self.accountant)
-        if exceeds_budget(projected, self.epsilon_budget):
-            raise PrivacyBudgetExhausted(
-                f"recording (sigma={step[0]:g}, q={step[1]:g}, steps={step[2]}) in round "
-                f"{server_round} would spend epsilon={projected:.6g} > budget "
-                f"{self.epsilon_budget:g} (delta={self.delta:g}, already spent "
-                f"{self.spent():.6g}); nothing recorded"
-            )
-        merge_step(self.history, step)
+        self.record_release([step], server_round=check_int("server_round", server_round, minimum=0),
+                            run_id=check_int("run_id", run_id, minimum=0), mode=mode)
+
+    def record_release(self, charges: Sequence[Step], *, server_round: int, run_id: int, mode: str) -> None:
+        """Record one release and charge its mechanisms (none: a release an earlier charge paid for).
+
+        The arguments come from a mechanism (:mod:`privacy.mechanisms`) and are trusted.
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            If the new cumulative ε would exceed the budget or the run's cap; the ledger is
+            unchanged.
+        """
+        if charges:
+            projected = epsilon_of([*self.history, *charges], self.delta, self.accountant)
+            limit = self.limit(run_id)
+            if exceeds_budget(projected, limit):
+                what = "budget" if limit == self.epsilon_budget else f"run {run_id}'s cap"
+                sigma, rate, steps = charges[-1]
+                raise PrivacyBudgetExhausted(
+                    f"recording (sigma={sigma:g}, q={rate:g}, steps={steps}) in round {server_round} would spend "
+                    f"epsilon={projected:.6g} > {what} {limit:g} (delta={self.delta:g}, already spent "
+                    f"{self.spent():.6g}); nothing recorded")
+            for step in charges:
+                merge_step(self.history, step)
         self.rounds.append(server_round)
         self.run_ids.append(run_id)
         self.modes.append(str(mode))
+
+    def limit(self, run_id: int) -> float:
+        """The ε the ledger may reach in run ``run_id``: its budget, or the run's cap if lower."""
+        run = self.runs.get(run_id)
+        return self.epsilon_budget if run is None else min(self.epsilon_budget, run.cap)
+
+    def releases_in_run(self, run_id: int) -> int:
+        """How many releases this ledger recorded in run ``run_id``."""
+        return self.run_ids.count(run_id)
+
+    def run(self, run_id: int) -> RunPlan | None:
+        """The plan the client fixed for run ``run_id`` (None: none yet)."""
+        return self.runs.get(run_id)
+
+    def open_run(self, run_id: int, plan: RunPlan) -> None:
+        """Fix run ``run_id``'s cap and mechanism (kept when the ledger is stored)."""
+        self.runs[run_id] = plan
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +312,7 @@ class PrivacyLedger:
             "rounds": list(self.rounds),
             "run_ids": list(self.run_ids),
             "modes": list(self.modes),
+            "runs": {str(r): plan.to_dict() for r, plan in sorted(self.runs.items())},
             "relation": REPLACE_ONE,
             "epsilon_spent": spent if math.isfinite(spent) else None,
             "unit": self.unit(),
@@ -246,11 +335,11 @@ class PrivacyLedger:
         if not isinstance(state, dict):
             raise ValueError(f"ledger must be a JSON object; found {type(state).__name__}")
         version = check_int("schema_version", state.get("schema_version"), minimum=0)
-        if version not in (1, LEDGER_SCHEMA_VERSION):
+        if version not in (1, 2, LEDGER_SCHEMA_VERSION):
             raise ValueError(
-                f"ledger schema_version {version} is not supported; supported: 1, {LEDGER_SCHEMA_VERSION}"
+                f"ledger schema_version {version} is not supported; supported: 1, 2, {LEDGER_SCHEMA_VERSION}"
             )
-        required = _REQUIRED_KEYS + (_V2_KEYS if version >= 2 else ())
+        required = _REQUIRED_KEYS + (_V2_KEYS if version >= 2 else ()) + (_V3_KEYS if version >= 3 else ())
         missing = [k for k in required if k not in state]
         unknown = sorted(str(k) for k in state if k not in required + _INFORMATIONAL_KEYS)
         if missing or unknown:
@@ -269,6 +358,14 @@ class PrivacyLedger:
         modes = state["modes"] if version >= 2 else [UNKNOWN_MODE] * len(state["rounds"])
         if not isinstance(modes, list):
             raise ValueError(f"ledger 'modes' must be a list; found {modes!r}")
+        runs = state["runs"] if version >= 3 else {}
+        if not isinstance(runs, dict):
+            raise ValueError(f"ledger 'runs' must be an object; found {runs!r}")
+        plans = {}
+        for key, plan in runs.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise ValueError(f"ledger 'runs' keys must be run ids; found {key!r}")
+            plans[int(key)] = RunPlan.from_dict(plan, f"runs.{key}")
         return cls(
             epsilon_budget=math.inf if budget is None else budget,
             delta=state["delta"],
@@ -277,6 +374,7 @@ class PrivacyLedger:
             rounds=list(state["rounds"]),
             run_ids=list(state["run_ids"]),
             modes=list(modes),
+            runs=plans,
         )
 
     @classmethod
@@ -389,6 +487,7 @@ class PrivacyLedger:
             rounds=stored.rounds,
             run_ids=stored.run_ids,
             modes=stored.modes,
+            runs=stored.runs,
         )
         if changes and exceeds_budget(ledger.spent(), ledger.epsilon_budget):
             log.warning(

@@ -192,6 +192,17 @@ def load_experiment(config_path: str | None, sets: list[str], out: str | None) -
     return merged
 
 
+def simulated_roster(run_config: dict[str, Any], out: Path) -> str:
+    """A roster for the simulated sites (privet operates them all): their signing keys beside it, under ``out``.
+
+    With it, a simulation's secure sums authenticate every member and agree on the survivors, as a
+    deployment with an operator's roster does (protocol/roster.py).
+    """
+    from protocol.roster import generate
+
+    return str(generate([str(i) for i in range(int(run_config["num-clients"]))], out / "roster"))
+
+
 def validate(run_config: dict[str, Any]) -> None:
     from server.config import ConfigError, RunConfig
     from tasks.datasets import check_available
@@ -512,6 +523,8 @@ def _run(args: argparse.Namespace, where: dict[str, Path]) -> int:
     validate(run_config)
     out = Path(run_config["out-dir"])
     check_out_dir(out)
+    if run_config.get("secure-aggregation", "none") != "none" and not run_config.get("roster"):
+        run_config = {**run_config, "roster": simulated_roster(run_config, out)}
     cluster = ray_cluster_address() if args.backend == "simulation" else None
     if cluster:
         check_ray_cluster(cluster)
@@ -639,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="privet", description=MAIN_HELP, formatter_class=fmt)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,site}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,site,roster}")
     run = sub.add_parser("run", help="run one experiment (default: the embedded default)",
                          description=RUN_HELP + "\n\nstrategies (--set strategy=NAME):\n" + catalogue_help(),
                          formatter_class=fmt)
@@ -660,6 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
     from privet.site import add_parser as add_site_parser
 
     add_site_parser(sub)  # privet site check (privet/site.py)
+    from privet.roster_cmd import add_parser as add_roster_parser
+
+    add_roster_parser(sub)  # privet roster generate (privet/roster_cmd.py)
     return parser
 
 

@@ -2,8 +2,8 @@
 
 The server sends ``BudgetQuery(...).encode()`` as the query's config; the client decodes it
 once. A strategy adds what a client must know about the run to answer (its
-``handshake_config``): a budget reference (PFA's Minimum/Maximum, simulation only) or
-DP-FedC's cluster count, which tells the client it is a clustering run with its own data.
+``budget_query``): a budget reference (PFA's Minimum/Maximum, simulation only) or the task
+(DP-FedC's clustering, whose data is the clustering set).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from flwr.app import ConfigRecord
 from privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from protocol import keys
 from protocol.config import one_of
+from protocol.roster import transcript
 
 
 @dataclass(frozen=True)
@@ -28,32 +29,32 @@ class BudgetQuery:
         ``"rdp"`` or ``"prv"``: the ledger's accountant for a new ledger.
     budget_reference : str
         ``"minimum"``/``"maximum"`` (simulation only, ``keys.BUDGET_REFERENCE``), else "".
-    dpfedc_k : int
-        DP-FedC's cluster count K (0: not a clustering run).
+    task : str
+        ``"model"`` or ``"clustering"`` (DP-FedC): which data the client counts.
+    challenge : bytes
+        A fresh random string a client with a signing key signs with its client id and node id
+        (:func:`handshake_transcript`), binding the name it declares to its roster key.
     """
 
     accountant: str = DEFAULT_ACCOUNTANT
     budget_reference: str = ""
-    dpfedc_k: int = 0
+    task: str = keys.TASK_MODEL
+    challenge: bytes = b""
 
     def __post_init__(self) -> None:
         one_of(keys.ACCOUNTANT, self.accountant, tuple(ACCOUNTANTS))
         one_of(keys.BUDGET_REFERENCE, self.budget_reference, ("", *keys.BUDGET_REFERENCES))
-        if isinstance(self.dpfedc_k, bool) or not isinstance(self.dpfedc_k, int) or self.dpfedc_k < 0:
-            raise ValueError(f"'{keys.DPFEDC_K}' must be an integer >= 0; found {self.dpfedc_k!r}")
-
-    @property
-    def clustering(self) -> bool:
-        """A DP-FedC run: the client answers for its clustering data set."""
-        return self.dpfedc_k > 0
+        one_of(keys.TASK, self.task, (keys.TASK_MODEL, keys.TASK_CLUSTERING))
 
     def encode(self) -> ConfigRecord:
         """The query's ``ConfigRecord`` (run facts only when set)."""
         record: dict[str, Any] = {keys.ACCOUNTANT: self.accountant}
         if self.budget_reference:
             record[keys.BUDGET_REFERENCE] = self.budget_reference
-        if self.dpfedc_k:
-            record[keys.DPFEDC_K] = self.dpfedc_k
+        if self.task != keys.TASK_MODEL:
+            record[keys.TASK] = self.task
+        if self.challenge:
+            record[keys.CHALLENGE] = self.challenge
         return ConfigRecord(record)
 
     @classmethod
@@ -61,10 +62,16 @@ class BudgetQuery:
         """Read a budget query; ``ValueError`` naming the key if a value is malformed."""
         accountant = record.get(keys.ACCOUNTANT, DEFAULT_ACCOUNTANT)
         reference = record.get(keys.BUDGET_REFERENCE, "")
-        k = record.get(keys.DPFEDC_K, 0)
-        if not isinstance(accountant, str) or not isinstance(reference, str):
-            raise ValueError(f"'{keys.ACCOUNTANT}' and '{keys.BUDGET_REFERENCE}' must be text; found "
-                             f"{accountant!r}, {reference!r}")
-        if isinstance(k, float) and k.is_integer():
-            k = int(k)
-        return cls(accountant, reference, k)
+        task = record.get(keys.TASK, keys.TASK_MODEL)
+        if not all(isinstance(v, str) for v in (accountant, reference, task)):
+            raise ValueError(f"'{keys.ACCOUNTANT}', '{keys.BUDGET_REFERENCE}' and '{keys.TASK}' must be text; found "
+                             f"{accountant!r}, {reference!r}, {task!r}")
+        challenge = record.get(keys.CHALLENGE, b"")
+        if not isinstance(challenge, bytes) or len(challenge) > 64:
+            raise ValueError(f"'{keys.CHALLENGE}' must be at most 64 bytes; found {challenge!r}")
+        return cls(str(accountant), str(reference), str(task), challenge)
+
+
+def handshake_transcript(challenge: bytes, client_id: str, node_id: int) -> bytes:
+    """What a site signs at the handshake: the server's challenge, its client id, the node id addressed."""
+    return transcript("handshake", challenge, client_id, node_id)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Final
 
-from privacy.dp_modes import DP_MODES as _DP_MODE_REGISTRY
-
 # --- record names inside a Message's RecordDict -----------------------------------
 ARRAYS: Final = "arrays"
 CONFIG: Final = "config"
@@ -45,6 +43,9 @@ SEED: Final = "seed"
 # PFA+: the previous round's public subspace, and the upload format asked for
 PROJECTION_BASIS_PREFIX: Final = "basis/"  # ArrayRecord key prefix, one basis per layer
 UPLOAD_FORMAT: Final = "upload-format"  # "full" | "coordinates"
+TASK: Final = "task"  # what the client works on: TASK_MODEL | TASK_CLUSTERING
+TASK_MODEL: Final = "model"
+TASK_CLUSTERING: Final = "clustering"
 
 # --- metric keys in train / evaluate / query replies -----------------------------
 NUM_EXAMPLES: Final = "num-examples"
@@ -60,6 +61,13 @@ CLIPPED: Final = "clipped"
 LOCAL_STEPS: Final = "local-steps"
 SAMPLE_RATE: Final = "sample-rate"
 TRAIN_SECONDS: Final = "train-seconds"
+# --- the server's metrics of an aggregated round (what Flower's strategy returns) ---
+NUM_ACCEPTED: Final = "num-accepted"
+NUM_REJECTED: Final = "num-rejected"
+NUM_DROPPED: Final = "num-dropped"
+NUM_SUMMED: Final = "num-summed"
+MAX_EPSILON_SPENT: Final = "max-epsilon-spent"
+MEAN_EPSILON_SPENT: Final = "mean-epsilon-spent"
 #: Data-dependent metrics a train reply carries only where the client's operator opts in
 #: (``report-train-metrics``): not covered by the client's ε.
 UNCOVERED_TRAIN_METRICS: Final = (TRAIN_LOSS, TRAIN_SECONDS, UPDATE_NORM, CLIPPED, "head-train-loss")
@@ -78,6 +86,15 @@ NODE_ALLOW_SEEDED_NOISE: Final = "allow-seeded-noise"
 NODE_ALLOW_EVALUATION: Final = "allow-evaluation"
 NODE_REPORT_TRAIN_METRICS: Final = "report-train-metrics"
 NODE_MAX_EXAMPLES: Final = "max-examples"
+#: The federation roster (client-id -> Ed25519 public key) and this site's signing key: files the
+#: operator hands the site out of band (protocol.roster); never taken from the server's run config.
+NODE_ROSTER: Final = "roster"
+NODE_SIGNING_KEY: Final = "signing-key"
+#: A site's own floors (protocol.site.SiteFloors; the simulation's [tool.flwr.app.config.site]).
+NODE_MIN_SUM_SIZE: Final = "min-sum-size"
+NODE_MIN_NOISE_MULTIPLIER: Final = "min-noise-multiplier"
+NODE_MAX_EPSILON_PER_RELEASE: Final = "max-epsilon-per-release"
+NODE_MAX_RELEASES_PER_RUN: Final = "max-releases-per-run"
 
 # --- metadata (ConfigRecord "meta") in replies -----------------------------------
 CLIENT_ID: Final = "client-id"
@@ -85,17 +102,25 @@ BUDGET_SOURCE: Final = "budget-source"  # "node-config" | "distribution"
 NOISE_SOURCE: Final = "noise-source"  # "csprng" | "os" | "seeded" (privacy.randomness)
 GUARANTEE_UNIT: Final = "guarantee-unit"  # "client" | "record": what the client's ε protects
 CLIENT_EVALUATION: Final = "client-evaluation"  # "on" | "off": answers evaluate messages
+#: The handshake's binding of a client id to its roster key (protocol.roster): the server's fresh
+#: challenge in the budget query, the client's Ed25519 signature in its declaration.
+CHALLENGE: Final = "challenge"
+SIGNATURE: Final = "signature"
 TRAIN_METRICS: Final = "train-metrics"  # "on" | "off": reply carries uncovered train metrics
 
-# --- DP modes (what each one does: privacy/dp_modes.py, the one registry) --------
+# --- DP modes (the run config's ``dp-mode``; the mechanism each one runs: --------
+# protocol.train_config.TrainConfig.mechanism, the one rule) ----------------------
 DP_SGD: Final = "dpsgd"
 DP_UPDATE: Final = "update"
 DP_NONE: Final = "none"
-DP_MODES: Final = tuple(_DP_MODE_REGISTRY)
+DP_MODES: Final = (DP_SGD, DP_UPDATE, DP_NONE)
 
 # --- error reasons a client sends (prefixes; the rest is a human message) ---------
 BUDGET_EXHAUSTED: Final = "budget-exhausted"
 EVALUATION_REFUSED: Final = "evaluation-refused"
+#: Error-reason prefix of a request refused by one of the site's own floors (protocol.site): nothing was
+#: trained or charged.
+SITE_FLOOR: Final = "site-floor"
 #: Error-reason prefix of a train message refused because it outlived its time-to-live
 #: (the round it belongs to is over): nothing was trained or charged.
 STALE_MESSAGE: Final = "stale-message"
@@ -143,12 +168,36 @@ DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
 DPFEDC_PLANNED_ROUNDS: Final = "dpfedc-planned-rounds"  # rounds a rigorous client plans its noise for (0: all)
 # <<< DP-FedC <<<
 
-# --- secure aggregation (appended) -------------------------------------------------
-# Inside Flower's SecAgg+ config record ("secaggplus_configs") of the setup stage: r_min,
-# the fewest inputs a released sum may hold (client.secure_sum, privacy.secure_sum).
-SECURE_MIN_SURVIVORS: Final = "privet-min-survivors"
+# --- secure sums (protocol.secure_sum, client.secure_sum, strategies.secure_sum) -----
+#: The record of a secure-sum stage in a train message and in its reply.
+SECAGG_RECORD: Final = "privet-secagg"
+SECAGG_STAGE: Final = "stage"
+STAGE_SETUP: Final = "setup"
+STAGE_SHARE_KEYS: Final = "share-keys"
+STAGE_COLLECT: Final = "collect"
+STAGE_CONSISTENCY: Final = "consistency"
+STAGE_UNMASK: Final = "unmask"
+SECAGG_SUM_ID: Final = "param/sum_id"
+SECAGG_PK1: Final = "pk1"  # the member's key for pairwise masks
+SECAGG_PK2: Final = "pk2"  # the member's key for encrypting shares
+SECAGG_NODES: Final = "nodes"
+SECAGG_NAMES: Final = "names"
+SECAGG_PK1S: Final = "pk1s"
+SECAGG_PK2S: Final = "pk2s"
+SECAGG_SIGNATURES: Final = "signatures"
+SECAGG_SIGNERS: Final = "signers"
+SECAGG_DESTINATIONS: Final = "destinations"
+SECAGG_SOURCES: Final = "sources"
+SECAGG_CIPHERTEXTS: Final = "ciphertexts"
+SECAGG_MASKED: Final = "masked"
+SECAGG_SURVIVORS: Final = "survivors"
+SECAGG_OWNERS: Final = "owners"
+SECAGG_SHARES: Final = "shares"
+SECAGG_KINDS: Final = "kinds"  # "seed" | "key": which secret of its owner each share is
+#: r_min, the fewest inputs a released sum may hold (a sum's parameters).
+SECURE_MIN_SURVIVORS: Final = "min-survivors"
 #: Error-reason prefix of a client that refuses a secure-sum stage (too few survivors, a
-#: forged share, a malformed stage): it sent nothing that would release its update.
+#: forged share or key, a malformed stage): it sent nothing that would release its update.
 SECURE_SUM_REFUSED: Final = "secure-sum-refused"
 #: Reply meta: the secure-sum floor r_min a client charged for ("0": no secure sum).
 SECURE_SURVIVORS: Final = "secure-min-survivors"

@@ -50,6 +50,9 @@ class BudgetDeclaration:
         Where its DP randomness comes from (:mod:`privacy.randomness`).
     client_evaluation : bool
         Whether its operator lets it evaluate on its private data (an uncharged release).
+    signature : bytes
+        Its signature of the handshake's challenge (:func:`protocol.budget_query.handshake_transcript`);
+        empty without a signing key.
     """
 
     client_id: str
@@ -60,6 +63,7 @@ class BudgetDeclaration:
     guarantee_unit: str = "record"
     noise_source: str = "unknown"
     client_evaluation: bool = False
+    signature: bytes = b""
 
     def encode(self, meta: Mapping[str, str] | None = None) -> RecordDict:
         """The reply's content; ``meta`` adds metadata (e.g. the budget source)."""
@@ -68,7 +72,8 @@ class BudgetDeclaration:
                                 keys.NUM_EXAMPLES: int(self.num_examples)})
         record = ConfigRecord({**(meta or {}), keys.CLIENT_ID: self.client_id,
                                keys.NOISE_SOURCE: self.noise_source, keys.GUARANTEE_UNIT: self.guarantee_unit,
-                               keys.CLIENT_EVALUATION: "on" if self.client_evaluation else "off"})
+                               keys.CLIENT_EVALUATION: "on" if self.client_evaluation else "off",
+                               keys.SIGNATURE: self.signature})
         return RecordDict({keys.METRICS: metrics, keys.META: record})
 
     @classmethod
@@ -89,9 +94,16 @@ class BudgetDeclaration:
                        epsilon_spent=_number(m, keys.EPSILON_SPENT),
                        guarantee_unit=str(meta.get(keys.GUARANTEE_UNIT, "record")),
                        noise_source=str(meta.get(keys.NOISE_SOURCE, "unknown")),
-                       client_evaluation=str(meta.get(keys.CLIENT_EVALUATION, "off")) == "on")
+                       client_evaluation=str(meta.get(keys.CLIENT_EVALUATION, "off")) == "on",
+                       signature=_bytes(meta.get(keys.SIGNATURE, b"")))
         except KeyError as exc:
             raise ValueError(f"missing {exc}") from None
+
+
+def _bytes(value: object) -> bytes:
+    if not isinstance(value, bytes) or len(value) > 256:
+        raise ValueError(f"'{keys.SIGNATURE}' must be at most 256 bytes")
+    return value
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,25 @@ from flwr.app import ConfigRecord
 
 from privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from privacy.calibration import CALIBRATIONS
+from privacy.mechanisms import (
+    DPSGD,
+    Calibration,
+    CentroidRelease,
+    GroupShare,
+    Mechanism,
+    NoPrivacy,
+    SecureSumShare,
+    WholeUpdate,
+)
 from protocol import keys
 from protocol.config import decode_fields, one_of
+from protocol.dpfedc import DPFedCRound
+from tasks.partition import training_size
 
 #: ``upload-format`` values: the full model, or PFA+'s coordinates in the public subspace.
 UPLOAD_FORMATS = (keys.UPLOAD_FULL, keys.UPLOAD_COORDINATES)
+#: ``task`` values: a model trained on the client's shard, or DP-FedC's clustering of it.
+TASKS = (keys.TASK_MODEL, keys.TASK_CLUSTERING)
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,8 @@ class TrainConfig:
         GDPFed's q_m; > 0 marks a group round (``group_index`` is its 1-based m).
     upload_format : str
         ``"full"`` or PFA+'s ``"coordinates"``.
+    task : str
+        ``"model"`` or ``"clustering"`` (DP-FedC: its section travels beside, :class:`DPFedCRound`).
     """
 
     num_rounds: int
@@ -93,6 +109,7 @@ class TrainConfig:
     upload_format: str = keys.UPLOAD_FULL
     local_steps: int = 0
     calibration: str = "accountant"
+    task: str = keys.TASK_MODEL
 
     def __post_init__(self) -> None:
         one_of(keys.DP_MODE, self.dp_mode, keys.DP_MODES)
@@ -101,6 +118,7 @@ class TrainConfig:
         one_of(keys.PERSONALIZATION, self.personalization, ("", *keys.PERSONALIZATION_SCHEMES))
         one_of(keys.UPLOAD_FORMAT, self.upload_format, UPLOAD_FORMATS)
         one_of(keys.CALIBRATION, self.calibration, CALIBRATIONS)
+        one_of(keys.TASK, self.task, TASKS)
         for name, low in (("num_rounds", 1), ("local_epochs", 1), ("batch_size", 1), ("noise_shares", 1),
                           ("head_epochs", 1), ("server_round", 0), ("group_index", 0), ("local_steps", 0)):
             if getattr(self, name) < low:
@@ -125,6 +143,63 @@ class TrainConfig:
         """A GDPFed round: the client charges its group's mechanism (σ_m, q_m, T)."""
         return self.group_sample_rate > 0
 
+    def dpsgd_workload(self, num_examples: int) -> tuple[int, int]:
+        """(examples trained on, passes over them) of a ``dpsgd`` round for a shard of ``num_examples``.
+
+        Without personalization: the whole shard, ``local-epochs``. With it: the 80 % split
+        (:func:`tasks.partition.training_size`), and for CENTAUR ``head-epochs`` more passes
+        (its head phase).
+        """
+        if not self.personalization:
+            return int(num_examples), self.local_epochs
+        epochs = self.local_epochs + (self.head_epochs if self.personalization == keys.PERSONALIZATION_HEAD else 0)
+        return training_size(num_examples), epochs
+
+    def mechanism(self, *, num_examples: int, delta: float, secure_floor: int | None = None,
+                  clustering: DPFedCRound | None = None) -> Mechanism:
+        """The privacy mechanism this round runs (:mod:`privacy.mechanisms`): the one rule, for both sides.
+
+        ``num_examples`` is the client's shard size n, ``delta`` its δ; ``secure_floor`` is r_min
+        where the upload leaves only inside a secure sum (None: seen on its own); ``clustering``
+        is DP-FedC's section of a clustering round.
+
+        Raises
+        ------
+        ValueError
+            On a request no mechanism serves (a secure sum outside ``update`` mode, or without a
+            common σ; a group sum released with fewer than its r_m shares).
+        """
+        if secure_floor is not None:
+            check_secure_sum(self.dp_mode, self.personalization, self.noise_multiplier, self.group_round)
+        if self.dp_mode == keys.DP_NONE:
+            return NoPrivacy(self.clip)
+        calibration = Calibration(self.num_rounds, self.target_epsilon, self.calibration)
+        if self.dp_mode == keys.DP_SGD:
+            n, epochs = self.dpsgd_workload(num_examples)
+            return DPSGD(self.clip, self.noise_multiplier, calibration, num_examples=n, batch_size=self.batch_size,
+                         epochs=epochs, local_steps=self.local_steps, steps_known=not self.personalization)
+        if clustering is not None and clustering.calibration == "paper":
+            if not clustering.grad_clip > 0:
+                raise ValueError(f"the paper calibration needs '{keys.DPFEDC_GRAD_CLIP}' (G) > 0")
+            ratio = clustering.params(self.batch_size).w_steps(self.server_round) * min(self.batch_size,
+                                                                                       num_examples) / num_examples
+            return CentroidRelease.from_paper(epsilon_bar=clustering.epsilon_bar, delta=delta, sample_ratio=ratio,
+                                              client_rate=clustering.client_rate, rounds=self.num_rounds,
+                                              grad_clip=clustering.grad_clip)
+        if clustering is not None:
+            planned = Calibration(clustering.planned_rounds or self.num_rounds, self.target_epsilon, self.calibration)
+            return CentroidRelease(self.clip, self.noise_multiplier, planned)
+        if self.group_round:
+            if secure_floor is not None and secure_floor < self.noise_shares:  # σ_m needs all r_m shares
+                raise ValueError(f"a group sum released with {secure_floor} of its {self.noise_shares} noise shares "
+                                 "carries less noise than the group's sigma_m that this client charges")
+            return GroupShare(self.clip, self.noise_multiplier, sample_rate=self.group_sample_rate,
+                              rounds=self.num_rounds, noise_shares=self.noise_shares)
+        if secure_floor is not None:
+            return SecureSumShare(self.clip, self.noise_multiplier, calibration, noise_shares=self.noise_shares,
+                                  min_survivors=secure_floor)
+        return WholeUpdate(self.clip, self.noise_multiplier, calibration, noise_shares=self.noise_shares)
+
     def encode(self) -> ConfigRecord:
         """The ``ConfigRecord`` a train message carries (a method's optional fields only when set)."""
         record: dict[str, Any] = {}
@@ -143,13 +218,33 @@ class TrainConfig:
         return decode_fields(cls, record, _key, _REQUIRED)
 
 
+def check_secure_sum(dp_mode: str, personalization: str, noise_multiplier: float, group: bool) -> None:
+    """What a secure sum needs of the mechanism inside it (server validation and client alike).
+
+    ``update`` mode without personalization (each member adds a share of one Gaussian
+    mechanism), and a common σ > 0 fixed by the server (each member counts on the others adding
+    the same share; budgets calibrated per client would not), or a GDPFed group's σ_m.
+
+    Raises
+    ------
+    ValueError
+        Naming ``dp-mode`` or ``noise-multiplier``.
+    """
+    if dp_mode != keys.DP_UPDATE or personalization:
+        raise ValueError(f"a secure sum needs '{keys.DP_MODE}' = '{keys.DP_UPDATE}' without personalization; "
+                         f"found dp-mode {dp_mode!r}" + (f" with {personalization!r}" if personalization else ""))
+    if not group and noise_multiplier <= 0:
+        raise ValueError(f"a secure sum needs a common '{keys.NOISE_MULTIPLIER}' > 0: each member counts on the "
+                         "others adding the same share of the noise, which budgets calibrated per client would not")
+
+
 #: field name -> wire key, where they differ from the kebab-case spelling
 _KEYS = {"group_sample_rate": keys.GROUP_SAMPLE_RATE, "group_index": keys.GROUP_INDEX}
 _REQUIRED = ("num_rounds", "dp_mode", "local_epochs", "batch_size", "learning_rate")
 #: sent only when set: the sections of one method (personalization, GDPFed, PFA+, references)
 _OPTIONAL = ("target_epsilon", "server_round", "budget_reference", "personalization", "head_epochs",
              "personal_lr_scale", "group_sample_rate", "group_index", "upload_format", "local_steps",
-             "calibration")
+             "calibration", "task")
 
 
 def _key(name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord
 
+from protocol.roster import Roster
 from server.config import RunConfig
 from protocol.train_config import TrainConfig
 from strategies.base import PrivacyAwareFedAvg
@@ -29,6 +30,7 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
         handshake_timeout=cfg.round_timeout,
         message_ttl=cfg.round_timeout,
         secure_aggregation=cfg.secagg if cfg.secure_aggregation != "none" else None,
+        roster=Roster.load(cfg.roster) if cfg.roster else None,
         **entry.kwargs(cfg),
     )
     return strategy

@@ -11,22 +11,32 @@
 
 ε values are JSON numbers; an unbounded ε (no DP) is written as ``null`` with the client's
 ``guarantee`` saying so.
+
+Each client's ``epsilon_spent`` is what the server knows for sure (the last accepted reply, or the
+handshake); ``epsilon_spent_at_most`` bounds its ledger from above, counting what the rounds it was
+sampled in but sent no accepted reply for may have charged (``possibly_charged_rounds``: dropped or
+rejected replies, and the round in flight when a run is interrupted; :func:`spend_bound`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from privacy.accountants import REPLACE_ONE, exceeds_budget
-from privacy.dp_modes import DP_MODES
+from privacy.accountants import BUDGET_RTOL, REPLACE_ONE, Step, epsilon_of, exceeds_budget
+from privacy.exceptions import PrivacyBudgetExhausted
+from privacy.mechanisms import Mechanism
 from server.config import RunConfig
+from server.threat_model import threat_model
+from strategies.catalogue import CATALOGUE
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 from strategies.gdpfed import GDPFED_STRATEGIES
 
@@ -40,6 +50,8 @@ class ClientSummary(TypedDict):
     epsilon_spent: float | None
     epsilon_spent_before_run: float | None
     epsilon_server_recomputed_this_run: float | None
+    epsilon_spent_at_most: float | None
+    possibly_charged_rounds: list[int]
     delta: float
     num_examples: int
     rounds_joined: list[int]
@@ -80,6 +92,7 @@ class RunSummary(TypedDict):
     failed_rounds: list[dict[str, Any]]
     refused: list[dict[str, Any]]
     clients: list[ClientSummary]
+    threat_model: dict[str, Any]
     group_dp: NotRequired[dict[str, Any]]  # GDPFed family: the group plan, the aggregation
     dpfedc: NotRequired[dict[str, Any]]  # DP-FedC: what its ε means under its calibration
     status: NotRequired[str]
@@ -95,10 +108,58 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Raised in the ServerApp's thread when its process is told to stop (SIGINT, SIGTERM)."""
+
+
+def _raise_in(thread: threading.Thread, exc_type: type[BaseException]) -> bool:
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction (CPython's async exception)."""
+    if thread.ident is None:
+        return False
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
+    return bool(done == 1)
+
+
+def interrupt_on_exit_signal(timeout: float = 60.0) -> None:
+    """Make Flower's graceful exit of this process interrupt the calling thread, which runs the ServerApp.
+
+    Flower's simulation (``flwr-simulation``) runs the ServerApp in a thread of its own and handles
+    SIGINT in the main thread (``flwr.supercore.exit``; SIGTERM there is Ray's, which only calls
+    ``sys.exit``, so ``privet run`` stops an interrupted simulation with SIGINT): it stops the
+    Simulation Runtime and exits, while the ServerApp thread, waiting for replies, would never hear
+    of it. Registered as
+    one of Flower's exit handlers that run before its force-exit timer, this raises
+    :class:`RunInterrupted` in the ServerApp's thread and waits up to ``timeout`` seconds for it to
+    end, so that the ServerApp's handler writes what the server knows (``summary.json`` with
+    ``status: interrupted``). Where the ServerApp runs in the main thread (a deployed
+    ``flwr-serverapp``, the in-process backend) the signal reaches it directly and nothing is done.
+    """
+    try:
+        from flwr.supercore.exit import add_exit_handler
+    except ImportError:  # a Flower without this hook: the signal ends the process as Flower decides
+        return
+    thread = threading.current_thread()
+
+    def interrupt() -> None:
+        if thread is threading.main_thread() or thread is threading.current_thread() or not thread.is_alive():
+            return
+        if _raise_in(thread, RunInterrupted):
+            thread.join(timeout)
+
+    add_exit_handler(interrupt, run_before_force_exit=True)
+
+
 class ResultsWriter:
-    """Writes one run's results directory as the run goes."""
+    """Writes one run's results directory as the run goes.
+
+    Created in the thread that runs the strategy; from then on a SIGINT or SIGTERM of the process
+    interrupts that thread (:func:`interrupt_on_exit_signal`), so an interrupted run still writes
+    its summary.
+    """
 
     def __init__(self, out_dir: str | os.PathLike[str], cfg: RunConfig) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            interrupt_on_exit_signal()
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
@@ -123,7 +184,8 @@ class ResultsWriter:
             os.replace(tmp, self.out / name)
 
     def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> RunSummary:
-        """Write summary, privacy report and plot; ``status`` says how the run ended."""
+        """Write summary, privacy report and plot; ``status`` says how the run ended
+        (:func:`ended_by` gives it for an exception)."""
         summary = build_summary(self.cfg, strategy, self.rounds, elapsed_seconds)
         if status == "completed" and summary["failed_rounds"]:
             status = (f"incomplete: {len(summary['failed_rounds'])} of {summary['rounds']} rounds failed "
@@ -152,22 +214,36 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
-def _guarantee(mode: str, account: ClientAccount, noise_shares: int, secure: int = 0) -> str:
+def _mechanism(strategy: PrivacyAwareFedAvg, account: ClientAccount) -> Mechanism | None:
+    """The mechanism the strategy asked this client to run (None: no round was configured)."""
+    last = max((r.round for r in strategy.round_log), default=1)
+    try:
+        return strategy.mechanism(last, account)
+    except (ValueError, KeyError):
+        return None
+
+
+def _guarantee(mode: str, account: ClientAccount, noise_shares: int, mechanism: Mechanism | None,
+               secure: int = 0, roster: bool = False) -> str:
     """The exact statement one client's ε makes: unit, relation, against whom.
 
-    ``secure``: r_min when the client's updates left only inside secure sums (0: none).
+    ``mechanism``: what it ran (its own sentence says how); ``secure``: r_min when the client's
+    updates left only inside secure sums (0: none).
     """
-    if mode in DP_MODES and not DP_MODES[mode].private or math.isinf(account.epsilon_budget):
+    if (mechanism is not None and not mechanism.private) or math.isinf(account.epsilon_budget):
         return "none (non-private)"
+    how = mechanism.guarantee() if mechanism is not None else f"dp-mode {mode}"
     unit = ("its whole dataset (client-level)" if account.guarantee_unit == "client"
             else "any one of its records (record-level)")
-    how = DP_MODES[mode].mechanism(noise_shares, secure) if mode in DP_MODES else mode
     if account.noise_source == "seeded":
         against = "no one who knows the run seed: its noise was seeded reproducibly (noise-source = seeded)"
+    elif secure and not roster:
+        against = ("a server that follows the protocol (no roster authenticates the sum's members: a deviating "
+                   "server could expose one update), other clients and observers of the model")
     elif secure:  # secure sums carry update-mode uploads only (config validation)
-        against = ("the server and other clients, as long as no sum member colludes with the server (k colluding "
-                   f"members who reveal their noise leave sigma*sqrt(({secure}-k)/{noise_shares})), and observers "
-                   "of the model")
+        against = ("the server, even one that deviates from the protocol, and other clients, as long as no sum "
+                   f"member colludes with it (k colluding members who reveal their noise leave "
+                   f"sigma*sqrt(({secure}-k)/{noise_shares})), and observers of the model")
     else:
         against = "anyone who sees what it sends (the server, other clients, observers of the model)"
     return (f"(eps, delta)-DP of {unit} under replace-one (the dataset size is public), via {how}; "
@@ -186,6 +262,83 @@ def _outside(account: ClientAccount) -> list[str]:
     return out
 
 
+def unaccepted_rounds(strategy: PrivacyAwareFedAvg, account: ClientAccount, last_round: int) -> list[int]:
+    """The rounds ``account`` was sampled in without an accepted reply: dropped, rejected, or in flight."""
+    return [r for r in range(1, last_round + 1)
+            if account.node_id in strategy.book.sampled(r) and r not in account.rounds]
+
+
+def spend_bound(strategy: PrivacyAwareFedAvg, account: ClientAccount, last_round: int) -> tuple[float, list[int]]:
+    """An upper bound on the ε in ``account``'s ledger, and the rounds that may have cost it more than
+    the server knows.
+
+    The server knows for sure ε_known, the cumulative ε of the client's last accepted reply (or its
+    handshake). A round it was sampled in without an accepted reply may have charged the ledger with
+    the mechanism the server asked for there (:meth:`~strategies.base.PrivacyAwareFedAvg.mechanism`):
+    σ fixed by the server, or the σ the client calibrated once for the run (the one its accepted
+    replies of this run reported). With H the charges the server verified this run and E those of
+    the unaccepted rounds, the ledger holds the client's history before the run (ε_0) composed with
+    a subset of H ∪ E, so
+
+        ε_ledger <= min(ε_0 ⊕ ε(H ∪ E), ε_known + ε(E), cap),
+
+    where ε_0 ⊕ x is x when ε_0 = 0 (the same accountant over the same charges: exact) and ε_0 + x
+    otherwise (composition is subadditive at a fixed δ: for RDP because the conversion term is paid
+    once; the PRV accountant's ε is an upper bound on the same profile), and cap = the client's
+    budget, or its run's cap ε_0 + run-epsilon for a calibrated run with a target: an honest client's
+    ledger refuses any charge beyond them (``BUDGET_RTOL`` slack). Where σ cannot be known (a
+    calibrated client without an accepted reply this run) only the cap bounds the ledger.
+    """
+    known = account.epsilon_spent
+    rounds = unaccepted_rounds(strategy, account, last_round)
+    if not rounds or not math.isfinite(known):
+        return known, rounds
+    limit = account.epsilon_budget
+    extra: list[Step] = []
+    derivable = True
+    for j, server_round in enumerate(rounds):
+        try:
+            mechanism = strategy.mechanism(server_round, account)
+        except ValueError:  # a config no client can run: each refuses it before charging
+            continue
+        if not mechanism.private:
+            return math.inf, rounds
+        target = mechanism.calibration.target_epsilon if mechanism.calibration is not None else 0.0
+        if mechanism.noise_multiplier <= 0 and target > 0:
+            limit = min(limit, account.epsilon_at_start + target)
+        sigma = mechanism.noise_multiplier
+        if sigma <= 0:  # calibrated once per run: what its accepted replies of this run reported
+            if not account.server_history:
+                derivable = False
+                continue
+            sigma = account.server_history[-1][0] / mechanism.scale
+        try:
+            extra.extend(mechanism.release(sigma, len(account.rounds) + j).charges)
+        except PrivacyBudgetExhausted:  # a release the mechanism allows no more of: the client refuses it
+            continue
+    cap = limit * (1.0 + BUDGET_RTOL)
+    if not derivable:
+        return max(known, cap), rounds
+    if not extra:
+        return known, rounds
+    this_run = epsilon_of([*account.server_history, *extra], account.delta, strategy.accountant)
+    from_start = this_run if account.epsilon_at_start == 0 else account.epsilon_at_start + this_run
+    from_known = known + epsilon_of(extra, account.delta, strategy.accountant)
+    return max(known, min(cap, from_start, from_known)), rounds
+
+
+def ended_by(exc: BaseException, strategy: PrivacyAwareFedAvg) -> str:
+    """The ``status`` of a run that ``exc`` ended: "interrupted: …" for a signal (Ctrl-C, SIGTERM) or a
+    stop from Flower, with the round in flight; "failed: …" otherwise."""
+    if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return f"failed: {type(exc).__name__}: {exc}"
+    last = max((r.round for r in strategy.round_log), default=0) + 1  # a round in flight has no result yet
+    in_flight = [r for r in range(1, last + 1) if strategy.book.sampled(r) and strategy.round_result(r) is None]
+    where = f"during round {in_flight[-1]}" if in_flight else "between rounds"
+    return (f"interrupted {where} (stopped by a signal or by Flower); spend shown as known for sure, "
+            "plus at most what unanswered rounds may have charged")
+
+
 def build_summary(
     cfg: RunConfig, strategy: PrivacyAwareFedAvg, rounds: list[dict[str, Any]], elapsed: float
 ) -> RunSummary:
@@ -198,6 +351,7 @@ def build_summary(
     clients: list[ClientSummary] = []
     for a in sorted(strategy.accounts.values(), key=lambda a: (len(a.client_id), a.client_id)):
         server_eps = a.server_epsilon(cfg.accountant)
+        at_most, unanswered = spend_bound(strategy, a, cfg.num_server_rounds)
         clients.append({
             "client_id": a.client_id,
             # the identity Flower authenticated (with SuperNode authentication: bound to its key);
@@ -207,6 +361,9 @@ def build_summary(
             "epsilon_spent": _finite(a.epsilon_spent),
             "epsilon_spent_before_run": _finite(a.epsilon_at_start),
             "epsilon_server_recomputed_this_run": _finite(server_eps),
+            # an upper bound on its ledger: what unanswered rounds may have charged too (spend_bound)
+            "epsilon_spent_at_most": _finite(at_most),
+            "possibly_charged_rounds": unanswered,
             "delta": a.delta,
             "num_examples": a.num_examples,
             "rounds_joined": list(a.rounds),
@@ -217,7 +374,8 @@ def build_summary(
             "relation": REPLACE_ONE,
             "guarantee_unit": a.guarantee_unit,
             "noise_source": a.noise_source,
-            "guarantee": _guarantee(mode, a, cfg.noise_shares, secure_floor)
+            "guarantee": _guarantee(mode, a, cfg.noise_shares, _mechanism(strategy, a), secure_floor,
+                                    bool(cfg.roster))
             + (f"; {strategy.guarantee_note}" if strategy.guarantee_note else ""),  # GDPFed
             "not_covered": _outside(a),
         })
@@ -243,10 +401,17 @@ def build_summary(
                              else cfg.noise_multiplier or "calibrated per client"),
         "noise_shares": cfg.noise_shares,
         # who sees individual updates: the trust model every client's epsilon holds under
-        "secure_aggregation": ({"protocol": "SecAgg+ (Flower's stages; ChaCha20 masks)",
+        "secure_aggregation": ({"protocol": "SecAgg (Bonawitz et al., malicious-server variant; ChaCha20 masks)",
                                 **cfg.secagg.model_dump(by_alias=True),
-                                "trust_model": "the server sees only sums of at least r_min updates"}
+                                "roster": bool(cfg.roster),
+                                "trust_model": "the server sees only sums of at least r_min updates"
+                                + ("; members' keys and survivors authenticated against the roster" if cfg.roster
+                                   else "; without a roster, against a server that follows the protocol only")}
                                if secure else "none: the server sees every client's upload"),
+        "threat_model": threat_model(private=mode != "none", secure=secure, roster=bool(cfg.roster),
+                                     group_sums=CATALOGUE[cfg.strategy].group_sums,
+                                     nominal=CATALOGUE[cfg.strategy].calibrates_without_budget(cfg),
+                                     seeded=any(c["noise_source"] == "seeded" for c in clients)),
         "elapsed_seconds": elapsed,
         "dropped": sorted({c["client_id"] for c in clients if c["dropped_rounds"]}),
         "failed_rounds": [{"round": r, "reason": why} for r, why in sorted(strategy.failed_rounds.items())],
@@ -271,6 +436,8 @@ def format_privacy_report(summary: RunSummary) -> str:
         f"{summary['rounds_completed']}/{summary['rounds']} rounds, accountant {summary['accountant']}, "
         f"clip {summary['clip']}, noise multiplier {summary['noise_multiplier']}.",
         f"Run status: {summary.get('status', 'completed')}.",
+        f"Threat model: the guarantees below hold against {summary['threat_model']['holds_against']} "
+        f"({summary['threat_model']['why']}).",
         f"Final {summary.get('evaluation_split', 'test')} accuracy: {summary['final_accuracy']}"
         + (f"; clients' personal models: {summary['final_personalized_accuracy']}"
            if summary.get("final_personalized_accuracy") is not None else ""),
@@ -290,11 +457,22 @@ def format_privacy_report(summary: RunSummary) -> str:
     if summary["dropped"]:
         lines.append(f"Clients that dropped out of at least one round: {', '.join(summary['dropped'])}.")
     rejected = [(c["client_id"], r) for c in summary["clients"] for r in c["rejections"]]
+    lines += ["", "## Rejected replies (not aggregated; the reason each was refused)", ""] if rejected else []
     for cid, r in rejected:
         lines.append(f"- round {r['round']}: client {cid}: {r['reason']}")
     if summary.get("refused"):
         lines += ["", "## Sites refused at the handshake (never scheduled, no budget spent here)", ""]
         lines += [f"- {r['client_id']} (node {r['node_id']}): {r['reason']}" for r in summary["refused"]]
+    possible = [c for c in summary["clients"] if c.get("possibly_charged_rounds")
+                and c.get("epsilon_spent_at_most", c["epsilon_spent"]) != c["epsilon_spent"]]
+    if possible:
+        lines += ["", "## Spend possibly charged by replies the server did not receive", "",
+                  "Rounds a client was sampled in without an accepted reply (dropped, rejected, or in flight when the",
+                  "run stopped) may have charged its ledger with the mechanism the server asked for: its ledger holds",
+                  "at least the spent eps above and at most:", ""]
+        lines += [f"- {c['client_id']}: at most {eps(c['epsilon_spent_at_most'])} (known {eps(c['epsilon_spent'])}; "
+                  f"possibly charged in round{'s' if len(c['possibly_charged_rounds']) > 1 else ''} "
+                  f"{', '.join(map(str, c['possibly_charged_rounds']))})" for c in possible]
     if summary.get("failed_rounds"):
         lines += ["", "## Failed rounds (no new global model; what clients spent in them is counted above)", ""]
         lines += [f"- round {f['round']}: {f['reason']}" for f in summary["failed_rounds"]]

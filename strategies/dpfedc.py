@@ -14,7 +14,7 @@ Algorithm 1 (``docs/notes/dpfedc.md`` §3.2), one round t:
 σ is dropped with a logged reason). :func:`privet.dpfedc_simulation.simulate` runs the same
 client code path in one process for the reproduction (``experiments/dpfedc``), where every
 client updates its H_i each round as the paper's Algorithm 1 does (line 7).
-:mod:`server.dpfedc_run` is the ServerApp's body for ``strategy = "dpfedc"``.
+:class:`server.evaluation.ClusteringEvaluator` measures the centroids each round for the server body.
 """
 
 from __future__ import annotations
@@ -28,17 +28,10 @@ from dataclasses import replace
 import numpy as np
 from flwr.app import ConfigRecord
 
-from privacy.centroid_noise import (
-    paper_noise_multiplier,
-    paper_round_epsilon,
-)
-from privacy import dp_modes
 from protocol import keys
 from protocol.budget_query import BudgetQuery
 from protocol.dpfedc import DPFedCRound
-from protocol.train_config import TrainConfig
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
-from strategies.validation import ExpectedRelease
 from tasks.clustering import (
     ClusteringParams,
     accuracies,
@@ -98,7 +91,7 @@ class DPFedC(PrivacyAwareFedAvg):
 
     def budget_query(self) -> BudgetQuery:
         """The handshake tells a client it is a clustering run (its data is the clustering set)."""
-        return replace(super().budget_query(), dpfedc_k=self.params.k)
+        return replace(super().budget_query(), task=keys.TASK_CLUSTERING)
 
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))
@@ -109,16 +102,6 @@ class DPFedC(PrivacyAwareFedAvg):
     def client_rate(self) -> float:
         """p = K/N, the paper's client sampling probability in (32)."""
         return float(self.fraction_train)
-
-    def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
-        """The paper calibration's z follows from public figures (ε̄, δ, n_i, Q₂ᵗ, b, K/N):
-        the server recomputes it and rejects a reply whose σ differs."""
-        if self.calibration != "paper" or not dp_modes.dp_mode(self.dp_mode).private:
-            return super().expected_release(server_round, account)
-        n = account.num_examples
-        q = self.params.w_steps(server_round) * min(self.params.batch, n) / n
-        eps = paper_round_epsilon(self.epsilon_bar, q, self.client_rate(), TrainConfig.decode(self._train_config).num_rounds)
-        return ExpectedRelease(n, paper_noise_multiplier(eps, account.delta, q), 1.0, 1)
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
         """Eq. (20): the plain mean of the accepted W̃_i (each already shape-checked)."""
@@ -132,7 +115,7 @@ def dpfedc_train_config(params: ClusteringParams, calibration: str, epsilon_bar:
                           q_hat=params.q_hat, h_step=params.h_step, alpha2=params.alpha2, calibration=calibration,
                           epsilon_bar=float(epsilon_bar), grad_clip=float(grad_clip),
                           client_rate=float(client_rate), planned_rounds=planned_rounds)
-    return {**section.encode(), keys.BATCH_SIZE: params.batch, keys.LOCAL_EPOCHS: 1}
+    return {**section.encode(), keys.BATCH_SIZE: params.batch, keys.LOCAL_EPOCHS: 1, keys.TASK: keys.TASK_CLUSTERING}
 
 
 # ----------------------------------------------------------------------------- evaluation

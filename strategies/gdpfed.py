@@ -34,9 +34,10 @@ every result declares. With ``secure-aggregation = "secagg+"`` each group is one
 (:mod:`strategies.secure_sum`) released only with all r_m members, and the server sees
 group sums only; it still knows who was sampled, which every result declares too.
 
-Privacy: each client charges (σ_m, q_m, T) once per run (:mod:`client.group_dp`); the server
-verifies σ_m, q_m and T in every reply (``expected_release``) and recomputes the client's ε
-from them (``server_steps``). By parallel composition the run is (max_m ε_m, δ)-DP overall
+Privacy: each client runs its group's share (:class:`privacy.mechanisms.GroupShare`): it charges
+(σ_m, q_m, T) once per run and makes at most T releases in it; the server verifies σ_m, q_m and
+T in every reply and recomputes the client's ε from them (the base's ``expected_release`` and
+``server_steps``, over the same mechanism). By parallel composition the run is (max_m ε_m, δ)-DP overall
 and (ε_m, δ)-DP for group m, client level, under two assumptions the report states: only
 group sums are seen, and the sampled set is unknown to the adversary.
 """
@@ -54,7 +55,6 @@ from typing import Any, Iterable, Sequence, Unpack
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from privacy.accountants import DEFAULT_ACCOUNTANT, Step
 from privacy.group_calibration import group_noise_multipliers, ledger_settings
@@ -62,13 +62,11 @@ from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.secure_sum import SumResult
 from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
-from protocol.config import kebab, numbers, one_of
+from strategies.gdpfed_config import WEIGHTINGS, GDPFedConfig
 from protocol.train_config import TrainConfig
-from strategies.validation import ExpectedRelease
 
 log = logging.getLogger("privet.strategy")
 
-WEIGHTINGS = ("paper", "normalised")
 AGGREGATION = "trusted aggregator"
 SECURE_AGGREGATION_NAME = "secure aggregation (SecAgg+, one sum per group)"
 TRUST_NOTE = ("assumes the server sees only each group's noisy sum and not who was sampled; this run used a "
@@ -81,102 +79,6 @@ SECURE_TRUST_NOTE = ("assumes the server sees only each group's noisy sum and no
                      "mechanism with multiplier sigma_m for every sampled member, without the amplification by "
                      "sampling that the charged eps assumes; the charged eps holds against other clients and "
                      "observers of the model")
-
-
-class GDPFedConfig(BaseModel):
-    """The ``[tool.flwr.app.config.gdpfed]`` section (keys ``gdpfed.*``).
-
-    Attributes
-    ----------
-    group_epsilons : list of float
-        Lower budget thresholds of the groups, increasing; a client joins the highest group
-        whose threshold is <= its ε (one below the first is refused). Paper FMNIST: 0.5, 1.5, 3.
-    q : float
-        Global sampling ratio q ∈ (0, 1] (Σ_m r_m = round(q·n)).
-    sample_rates : list of float
-        Explicit q_m per group (e.g. Table 1's 0.0069, 0.0189, 0.0342); empty: the variant's
-        rule (q for gdpfed, Problem 1 for gdpfed-op / gdpfed-plus).
-    sparsity : list of float
-        k_m/d per group for gdpfed-plus, each in (0, 1] (one value: all groups).
-    weighting : {"paper", "normalised"}
-        ω_m of Appendix B.2 on the group sum, or the normalised variant (gdpfed_math).
-    lr_decay : float
-        Learning-rate decay per round, η_t = η·decay^(t−1) (paper 0.99; 1: none).
-    idp_clips : list of float
-        Per-group clipping thresholds of idp-fedavg-scale (paper FMNIST 1.15, 1.51, 2.12).
-    idp_sample_rates : list of float
-        Per-group q_m of idp-fedavg-sample (paper FMNIST 0.82 %, 2.80 %, 2.38 %).
-    pfa_rank, pfa_history : int
-        pfa-groups: rank of the public subspace, and how many past public sums span it.
-    """
-
-    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
-
-    group_epsilons: tuple[float, ...] = (0.5, 1.5, 3.0)
-    q: float = Field(0.02, gt=0.0, le=1.0)
-    sample_rates: tuple[float, ...] = ()
-    sparsity: tuple[float, ...] = (0.7, 0.8, 0.9)
-    weighting: str = "paper"
-    lr_decay: float = Field(0.99, gt=0.0, le=1.0)
-    idp_clips: tuple[float, ...] = (1.15, 1.51, 2.12)
-    idp_sample_rates: tuple[float, ...] = (0.0082, 0.0280, 0.0238)
-    pfa_rank: int = Field(1, ge=1)
-    pfa_history: int = Field(5, ge=1)
-
-    @field_validator("group_epsilons", "sample_rates", "sparsity", "idp_clips", "idp_sample_rates", mode="before")
-    @classmethod
-    def _numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        """Flower's run config holds scalars only: a list is written "0.5, 1.5, 3" ("" = empty)."""
-        return numbers(f"gdpfed.{kebab(str(info.field_name))}", v) if isinstance(v, str) else v
-
-    @field_validator("weighting")
-    @classmethod
-    def _weighting(cls, v: str) -> str:
-        return one_of("gdpfed.weighting", v, WEIGHTINGS)
-
-    @field_validator("group_epsilons")
-    @classmethod
-    def _thresholds(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        if not v or any(not (math.isfinite(e) and e > 0) for e in v) or list(v) != sorted(set(v)):
-            raise ValueError(f"'gdpfed.group-epsilons' must be increasing finite numbers > 0; found {list(v)}")
-        return v
-
-    @field_validator("sparsity")
-    @classmethod
-    def _sparsity(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        if not v or any(not (math.isfinite(a) and 0 < a <= 1) for a in v):
-            raise ValueError(f"'gdpfed.sparsity': every k_m/d must be in (0, 1]; found {list(v)}")
-        return v
-
-    @field_validator("sample_rates", "idp_sample_rates")
-    @classmethod
-    def _rates(cls, v: tuple[float, ...], info: Any) -> tuple[float, ...]:
-        if any(not (math.isfinite(q) and 0 < q <= 1) for q in v):
-            raise ValueError(f"'gdpfed.{kebab(info.field_name)}': every q_m must be in (0, 1]; found {list(v)}")
-        return v
-
-    @field_validator("idp_clips")
-    @classmethod
-    def _clips(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        if any(not (math.isfinite(c) and c > 0) for c in v):
-            raise ValueError(f"'gdpfed.idp-clips' must be finite numbers > 0; found {list(v)}")
-        return v
-
-    @model_validator(mode="after")
-    def _lengths(self) -> "GDPFedConfig":
-        m = len(self.group_epsilons)
-        if self.sample_rates and len(self.sample_rates) != m:
-            raise ValueError(f"'gdpfed.sample-rates' needs one value per group ({m}); found {list(self.sample_rates)}")
-        return self
-
-    def per_group(self, name: str, groups: int) -> list[float]:
-        """``name``'s values, one per group (a single value applies to all); ValueError naming the key."""
-        v = list(getattr(self, name))
-        if len(v) == 1:
-            return v * groups
-        if len(v) != groups:
-            raise ValueError(f"'gdpfed.{kebab(name)}' needs one value per group ({groups}); found {v}")
-        return v
 
 
 @dataclass(frozen=True)
@@ -341,6 +243,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     variant = Variant("gdpfed")
 
     default_dp_mode = keys.DP_UPDATE
+    charges_run_once = True
 
     def __init__(self, params: GDPFedConfig | None = None, **options: Unpack[StrategyOptions]) -> None:
         if options.get("dp_mode", keys.DP_UPDATE) not in (None, keys.DP_UPDATE):
@@ -427,21 +330,6 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
                         clip=float(self.plan.clips[m]), num_rounds=int(self.plan.rounds),
                         learning_rate=lr_at_round(base.learning_rate, server_round, self.params.lr_decay))
         return ConfigRecord({**dict(config), **group.encode()})
-
-    def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
-        """σ_m, q_m and T of the client's group: any other claim is rejected."""
-        assert self.plan is not None
-        m = self.group_of[account.node_id]
-        return ExpectedRelease(self.expected_num_examples(account), float(self.plan.sigmas[m]),
-                               float(self.plan.sample_rates[m]), int(self.plan.rounds))
-
-    def server_steps(self, account: ClientAccount, metrics: dict[str, float]) -> list[Step]:
-        """(σ_m, q_m, T) once per run per client (its first accepted reply), as its ledger charges."""
-        if account.server_history:
-            return []
-        assert self.plan is not None
-        m = self.group_of[account.node_id]
-        return [(float(self.plan.sigmas[m]), float(self.plan.sample_rates[m]), int(self.plan.rounds))]
 
     # ------------------------------------------------------------ aggregation
     def _group_sum(self, group_replies: Sequence[AcceptedReply]) -> list[np.ndarray]:

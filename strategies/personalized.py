@@ -254,6 +254,6 @@ class CENTAUR(PersonalizedFedAvg):
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
         """FedAvg of the bodies; every head entry is the round's global head, copied."""
         mean = weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies])
-        head = set(head_parameter_names(self._global_names))
+        head = set(head_parameter_names(self.global_names))
         return [g.copy() if name in head else m
-                for name, g, m in zip(self._global_names, self._round_global, mean)]
+                for name, g, m in zip(self.global_names, self._round_global, mean)]

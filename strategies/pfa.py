@@ -32,15 +32,14 @@ from typing import Any, Final, Iterable, Unpack
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from protocol import keys
-from protocol.config import kebab, one_of
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.layers import weighted_mean
-from strategies.pfa_projection import NO_PUBLIC_POLICIES, pfa_aggregate, pfa_plus_aggregate
-from strategies.pfa_split import SPLIT_METHODS, split_public_private
-from strategies.pfa_subspace import SUBSPACE_METHODS, LayerSubspace
+from strategies.pfa_config import PFAConfig
+from strategies.pfa_projection import pfa_aggregate, pfa_plus_aggregate
+from strategies.pfa_split import split_public_private
+from strategies.pfa_subspace import LayerSubspace
 from strategies.validation import ArraySpec
 
 log = logging.getLogger("privet.strategy")
@@ -49,53 +48,11 @@ log = logging.getLogger("privet.strategy")
 DIAG_COORDINATE_UPLOADS = "pfa-coordinate-uploads"
 
 
-_CHOICES = {"split": SPLIT_METHODS, "subspace_method": SUBSPACE_METHODS, "no_public": NO_PUBLIC_POLICIES}
 
 
 #: Redraws of a round's sample under ``no-public = "redraw"`` before giving up (the chance
 #: that every one misses the public clients is negligible whenever one is eligible).
 MAX_REDRAWS: Final = 1000
-
-
-class PFAConfig(BaseModel):
-    """The run config's ``pfa.*`` section (``[tool.flwr.app.config.pfa]``).
-
-    Attributes
-    ----------
-    k : int
-        Projection dimension per layer (Remark 3 recommends 1). Clipped per round to
-        the rank of the public updates (≤ n_pub − 1 when centred).
-    public_fraction : float
-        ``public-fraction``: share of clients taken as public by ``top-fraction``.
-    split : str
-        ``"top-fraction"`` (authors' code: the ⌈fraction·M⌉ largest ε, ties included)
-        or ``"two-cluster"`` (Remark 2: exact 1-D 2-means on ε).
-    center : bool
-        Centre the public updates and project affinely around their mean (authors'
-        code, default) or use the paper's uncentred linear projection (Appendix D.2).
-    subspace_method : str
-        ``subspace-method``: ``"exact"`` thin SVD or ``"randomized"`` range finder.
-    no_public : str
-        ``no-public``: a round without a public reply falls back to ``"weiavg"``
-        (default), or the sample is redrawn until it holds a public client (``"redraw"``,
-        the authors' code; a round whose public clients then fail to reply still falls
-        back to WeiAvg), or the run stops (``"error"``).
-    """
-
-    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
-
-    k: int = Field(1, ge=1)
-    public_fraction: float = Field(0.1, gt=0.0, le=1.0)
-    split: str = "top-fraction"
-    center: bool = True
-    subspace_method: str = "exact"
-    no_public: str = "weiavg"
-
-    @field_validator(*_CHOICES)
-    @classmethod
-    def _choice(cls, v: str, info: ValidationInfo) -> str:
-        name = str(info.field_name)
-        return one_of(f"pfa.{kebab(name)}", v, _CHOICES[name])
 
 
 def declared_epsilon(account: ClientAccount) -> float:
@@ -288,15 +245,15 @@ class PFAPlus(PFA):
     def expected_specs(self, server_round: int, account: ClientAccount) -> list[ArraySpec]:
         """k_ℓ values per model array for a private client after the warm-up."""
         if not self.uses_coordinates(server_round, account):
-            return self._global_specs
+            return self.global_specs
         return [
             ArraySpec(spec.name, (sub.k,), spec.dtype)
-            for spec, sub in zip(self._global_specs, self._sent[server_round], strict=True)
+            for spec, sub in zip(self.global_specs, self._sent[server_round], strict=True)
         ]
 
     def _basis_record(self, subspaces: list[LayerSubspace]) -> ArrayRecord:
         items: dict[str, Array] = {}
-        for name, sub in zip(self._global_names, subspaces, strict=True):
+        for name, sub in zip(self.global_names, subspaces, strict=True):
             items[keys.PROJECTION_BASIS_PREFIX + name] = Array(sub.basis)
             if sub.center is not None:
                 items[keys.PROJECTION_CENTER_PREFIX + name] = Array(sub.center)
@@ -314,7 +271,7 @@ class PFAPlus(PFA):
             for msg in messages:
                 if msg.metadata.dst_node_id not in self.public_nodes():
                     msg.content[keys.PFA_BASIS_RECORD] = record
-                    self._bytes_down[server_round] += size
+                    self.book.add_bytes_down(server_round, size)
         return messages
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:

@@ -1,88 +1,70 @@
-"""The server side of secure sums: Flower's SecAgg+ stages driven from a Message-API strategy.
+"""The server side of secure sums: privet's SecAgg stages driven from a Message-API strategy.
 
 A round with secure aggregation runs, for each *sum* (a subset of the round's clients; the
 subsets are disjoint, several per round, e.g. one per GDPFed budget group):
 
-    stage 0  setup           every member gets the sum's parameters, answers two public keys
-    stage 1  share keys      every member gets the others' public keys, answers encrypted
-                             Shamir shares of its self-mask seed and secret key
-    stage 2  collect         the train message, with the shares addressed to the member;
-                             the member trains, then answers its masked, quantised update
-    stage 3  unmask          every surviving member gets the survivors and the dropouts,
-                             answers the shares that remove the masks; the server combines
-                             them (t of them per secret) and learns Σ over survivors only
+    setup        every member gets the sum's parameters (:class:`protocol.secure_sum.SumParameters`),
+                 answers two public keys, signed with its roster key over the parameters' digest
+    share keys   every member gets the others' keys (each signature verified here against the
+                 roster first: a member whose keys do not verify is left out, logged), answers
+                 encrypted Shamir shares of its self-mask seed and pairwise secret key
+    collect      the train message, with the shares addressed to the member; it trains, then
+                 answers its masked, quantised update
+    consistency  (with a roster) every survivor gets the survivor set U3 and answers its signature
+    unmask       every survivor gets the consistency signatures and answers its shares: the seed
+                 share of each survivor, the key share of each member that dropped after sharing
+                 keys; the server combines t of each and learns Σ over the survivors only
 
-Stages 0–1 run in ``configure_train`` (:func:`open_sums`), stage 2 is the round's train
-message (:func:`collect_messages`), stage 3 runs in ``aggregate_train``
-(:func:`release_sums`). The client side is :mod:`client.secure_sum`; the arithmetic both
-share (quantisation, modulus, masks) is :mod:`privacy.secure_sum`. Every member is a
-neighbour of every other (the complete graph: SecAgg with Shamir threshold t): a coalition
-of the server and fewer than t members learns nothing about one member's input beyond the
-sum. The server never holds an individual unmasked update: it only ever adds masked
-vectors mod M before it removes the masks of the sum.
+Setup and share keys run in ``configure_train`` (:func:`open_sums`), collect is the round's
+train message (:func:`collect_messages`), consistency and unmask run in ``aggregate_train``
+(:func:`release_sums`). The client side is :mod:`client.secure_sum`, which checks every list it
+is sent (:mod:`client.secure_sum` says what and why); the arithmetic both share (quantisation,
+modulus, masks) is :mod:`privacy.secure_sum`. Every member is a neighbour of every other (the
+complete graph, Shamir threshold t): a coalition of the server and fewer than t members learns
+nothing about one member's input beyond the sum. The server never holds an individual unmasked
+update: it only adds masked vectors mod M before it removes the masks of the sum.
 
-A sum with fewer than ``max(t, r_min)`` members left after any stage is abandoned (logged,
-not released); honest clients enforce r_min themselves (they train only when at least
-r_min members shared keys, and unmask only when at least r_min inputs reached the sum).
+A sum with fewer than ``max(t, r_min)`` members left after any stage is abandoned (logged, not
+released); honest members enforce r_min themselves.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence, cast
+from typing import Any, cast
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.common.secure_aggregation.quantization import dequantize
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.serverapp import Grid
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
-from privacy.secure_sum import MAX_BITS, Quantisation, add_mod, mask, wire_dtype
+from privacy.secure_sum import Quantisation, add_mod, mask, wire_dtype
 from protocol import keys
-from protocol.config import kebab
+from protocol.roster import Roster
+from protocol.secure_sum import SumParameters, keys_transcript
+from strategies.secagg_config import SECURE_AGGREGATION, SecureAggregation
+
+__all__ = ["SECURE_AGGREGATION", "SecureAggregation", "SumMember", "SumResult", "SumState", "check_sum",
+           "collect_messages", "masked_input", "open_sums", "release_sums"]
 
 log = logging.getLogger("privet.strategy")
 
 
-#: Values of the run config's ``secure-aggregation``.
-SECURE_AGGREGATION = ("none", "secagg+")
+@dataclass(frozen=True)
+class SumMember:
+    """What one member answered at setup."""
 
-
-class SecureAggregation(BaseModel):
-    """The ``[tool.flwr.app.config.secagg]`` section (keys ``secagg.*``): how secure sums run.
-
-    Attributes
-    ----------
-    threshold : float
-        t as a fraction of a sum's members (Shamir threshold; at least 2): the server and
-        fewer than t members together learn nothing about one member's input.
-    min_survivors : int
-        r_min: the fewest inputs a released sum may hold; 0 means ``noise-shares`` (m).
-        Each member charges σ·√(r_min/m).
-    bits : int
-        Quantisation bits b (L = 2^b − 1 levels per coordinate), 8 to 30.
-    clip_probability : float
-        Bound on the probability that the quantiser clips any coordinate (eq. 1 of
-        :mod:`privacy.secure_sum`).
-    """
-
-    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
-
-    threshold: float = Field(0.5, gt=0.0, le=1.0)
-    min_survivors: int = Field(0, ge=0)
-    bits: int = Field(24, ge=8, le=MAX_BITS)
-    clip_probability: float = Field(1e-9, gt=0.0, lt=1.0)
-
-    def shamir_threshold(self, members: int) -> int:
-        """T for a sum of ``members`` clients: ⌈fraction·members⌉, at least 2, at most members."""
-        return min(members, max(2, math.ceil(self.threshold * members)))
+    client_id: str
+    pk1: bytes
+    pk2: bytes
+    signature: bytes
 
 
 @dataclass
@@ -91,18 +73,23 @@ class SumState:
 
     index: int
     members: list[int]
-    threshold: int
-    min_survivors: int
+    params: SumParameters
     quantisation: Quantisation
-    public_keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
-    shared: list[int] = field(default_factory=list)  # members whose shares went out (stage 1)
+    keyed: dict[int, SumMember] = field(default_factory=dict)  # answered setup (and verified)
+    shared: list[int] = field(default_factory=list)  # members whose shares went out (share keys)
     forward: dict[int, tuple[list[int], list[bytes]]] = field(default_factory=dict)
     abandoned: str = ""
+    left_out: dict[int, str] = field(default_factory=dict)  # member -> why it was left out
+
+    @property
+    def threshold(self) -> int:
+        """t, the Shamir threshold."""
+        return self.params.threshold
 
     @property
     def floor(self) -> int:
         """The fewest members the sum can go on with."""
-        return max(self.threshold, self.min_survivors)
+        return max(self.params.threshold, self.params.min_survivors)
 
 
 @dataclass(frozen=True)
@@ -116,16 +103,16 @@ class SumResult:
     reason: str = ""
 
 
-def _message(node: int, record: ConfigRecord, ttl: float | None, content: RecordDict | None = None) -> Message:
+def _message(node: int, record: dict[str, Any], ttl: float | None, content: RecordDict | None = None) -> Message:
     content = content if content is not None else RecordDict()
-    content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(dict(record))  # one record per message
+    content.config_records[keys.SECAGG_RECORD] = ConfigRecord(dict(record))  # one record per message
     return Message(content, dst_node_id=node, message_type=MessageType.TRAIN, ttl=ttl)
 
 
-def _answers(grid: Grid, messages: list[Message], timeout: float) -> dict[int, Message]:
-    """Send, wait, and map each successful reply to its node (errors are logged)."""
+def _answers(grid: Grid, messages: list[Message], timeout: float) -> dict[int, ConfigRecord]:
+    """Send, wait, and map each successful reply's record to its node (errors are logged)."""
     asked = {m.metadata.dst_node_id for m in messages}
-    out: dict[int, Message] = {}
+    out: dict[int, ConfigRecord] = {}
     for reply in grid.send_and_receive(messages, timeout=timeout):
         node = reply.metadata.src_node_id
         if node not in asked:
@@ -133,80 +120,106 @@ def _answers(grid: Grid, messages: list[Message], timeout: float) -> dict[int, M
         if reply.has_error():
             log.warning("secure sum: node %d: %s", node, reply.error.reason)
             continue
-        out[node] = reply
+        record = reply.content.config_records.get(keys.SECAGG_RECORD)
+        if record is not None:
+            out[node] = record
     return out
 
 
 def open_sums(grid: Grid, groups: Sequence[Sequence[int]], quantisations: Sequence[Quantisation],
-              min_survivors: Sequence[int], cfg: SecureAggregation, timeout: float,
-              ttl: float | None) -> list[SumState]:
-    """Stages 0 and 1 for every sum at once; returns the sums, some possibly abandoned.
+              mechanisms: Sequence[tuple[float, float, int, int]], cfg: SecureAggregation, *, sum_ids: Sequence[str],
+              roster: Roster | None, timeout: float, ttl: float | None) -> list[SumState]:
+    """Setup and share keys for every sum at once; returns the sums, some possibly abandoned.
 
-    Sum i has the members ``groups[i]``, the quantisation ``quantisations[i]`` and the floor
-    r_min = ``min_survivors[i]``.
+    Sum i has the members ``groups[i]``, the quantisation ``quantisations[i]`` and the mechanism
+    ``mechanisms[i] = (C, σ, m, r_min)``; ``sum_ids`` make every sum's signatures its own.
     """
-    sums = [SumState(i, sorted(g), cfg.shamir_threshold(len(g)), r, q)
-            for i, (g, q, r) in enumerate(zip(groups, quantisations, min_survivors, strict=True))]
+    sums = []
+    for i, (group, q, (clip, sigma, shares, r_min)) in enumerate(zip(groups, quantisations, mechanisms,
+                                                                      strict=True)):
+        members = sorted(group)
+        size = max(len(members), 2)  # a sum of one member is abandoned below; its parameters only need to exist
+        params = SumParameters(sum_ids[i], size, cfg.shamir_threshold(size), min(max(r_min, 1), size),
+                               float(q.clipping_range), q.levels, q.modulus, float(clip), float(sigma), int(shares))
+        state = SumState(i, members, params, q)
+        if len(members) < max(state.floor, r_min):
+            state.abandoned = (f"{len(members)} members, fewer than max(threshold, min-survivors) = "
+                               f"{max(state.floor, r_min)}")
+        sums.append(state)
     setup = []
     for s in sums:
-        if len(s.members) < s.floor:
-            s.abandoned = f"{len(s.members)} members, fewer than max(threshold, min-survivors) = {s.floor}"
+        if s.abandoned:
             continue
-        record = ConfigRecord({
-            Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: len(s.members), Key.SHARE_NUMBER: len(s.members),
-            Key.THRESHOLD: s.threshold, Key.CLIPPING_RANGE: float(s.quantisation.clipping_range),
-            Key.TARGET_RANGE: s.quantisation.levels, Key.MOD_RANGE: s.quantisation.modulus, Key.MAX_WEIGHT: 1.0,
-            keys.SECURE_MIN_SURVIVORS: s.min_survivors,
-        })
-        setup += [_message(n, record, ttl) for n in s.members]
-    keys_of = _answers(grid, setup, timeout)
+        setup += [_message(n, {keys.SECAGG_STAGE: keys.STAGE_SETUP, **s.params.encode()}, ttl) for n in s.members]
+    answers = _answers(grid, setup, timeout)
     share = []
     for s in sums:
         if s.abandoned:
             continue
+        digest = s.params.digest()
         for n in s.members:
-            if n in keys_of:
-                rec = keys_of[n].content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
-                pk1, pk2 = rec.get(Key.PUBLIC_KEY_1), rec.get(Key.PUBLIC_KEY_2)
-                if isinstance(pk1, bytes) and isinstance(pk2, bytes):
-                    s.public_keys[n] = (pk1, pk2)
-        if _too_few(s, s.public_keys, "answered the setup"):
+            member = _member(answers.get(n))
+            if member is None:
+                continue
+            if roster is not None:
+                why = roster.verify(member.client_id, member.signature,
+                                    keys_transcript(digest, member.client_id, n, member.pk1, member.pk2))
+                if why:
+                    s.left_out[n] = f"its keys do not verify: {why}"
+                    log.warning("secure sum %d: member %s (node %d) left out: %s", s.index, member.client_id, n, why)
+                    continue
+            s.keyed[n] = member
+        if _too_few(s, s.keyed, "answered the setup with keys that verify"):
             continue
-        for n in s.public_keys:
-            record = ConfigRecord({str(m): list(k) for m, k in s.public_keys.items()})
-            record[Key.STAGE] = Stage.SHARE_KEYS
-            share.append(_message(n, record, ttl))
+        nodes = sorted(s.keyed)
+        record = {keys.SECAGG_STAGE: keys.STAGE_SHARE_KEYS, keys.SECAGG_SUM_ID: s.params.sum_id,
+                  keys.SECAGG_NODES: nodes, keys.SECAGG_NAMES: [s.keyed[n].client_id for n in nodes],
+                  keys.SECAGG_PK1S: [s.keyed[n].pk1 for n in nodes], keys.SECAGG_PK2S: [s.keyed[n].pk2 for n in nodes],
+                  keys.SECAGG_SIGNATURES: [s.keyed[n].signature for n in nodes]}
+        share += [_message(n, record, ttl) for n in nodes]
     shares_of = _answers(grid, share, timeout)
     for s in sums:
         if s.abandoned:
             continue
-        s.shared = sorted(n for n in s.public_keys if n in shares_of)
+        s.shared = sorted(n for n in s.keyed if n in shares_of)
         if _too_few(s, s.shared, "shared their keys"):
             continue
         s.forward = {n: ([], []) for n in s.shared}
         for src in s.shared:
-            rec = shares_of[src].content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
-            dsts = cast(list[int], rec.get(Key.DESTINATION_LIST, []))
-            texts = cast(list[bytes], rec.get(Key.CIPHERTEXT_LIST, []))
+            rec = shares_of[src]
+            dsts = cast(list[int], rec.get(keys.SECAGG_DESTINATIONS, []))
+            texts = cast(list[bytes], rec.get(keys.SECAGG_CIPHERTEXTS, []))
             for dst, text in zip(dsts, texts, strict=False):
-                if dst in s.forward and dst != src:
+                if dst in s.forward and dst != src and isinstance(text, bytes):
                     s.forward[dst][0].append(src)
                     s.forward[dst][1].append(text)
     return sums
 
 
+def _member(record: ConfigRecord | None) -> SumMember | None:
+    """A member's setup answer, or None if it is malformed."""
+    if record is None:
+        return None
+    pk1, pk2 = record.get(keys.SECAGG_PK1), record.get(keys.SECAGG_PK2)
+    name, signature = record.get(keys.CLIENT_ID), record.get(keys.SIGNATURE, b"")
+    if not (isinstance(pk1, bytes) and isinstance(pk2, bytes) and isinstance(name, str)
+            and isinstance(signature, bytes)):
+        return None
+    return SumMember(name, pk1, pk2, signature)
+
+
 def _too_few(s: SumState, nodes: Iterable[int], what: str) -> bool:
     count = len(list(nodes))
     if count < s.floor:
-        s.abandoned = f"only {count} of {len(s.members)} members {what}, fewer than max(threshold, min-survivors) " \
-                      f"= {s.floor}; not released, nothing of it trained or charged"
+        s.abandoned = (f"only {count} of {len(s.members)} members {what}, fewer than max(threshold, min-survivors) "
+                       f"= {s.floor}; not released, nothing of it trained or charged")
         log.warning("secure sum %d abandoned: %s", s.index, s.abandoned)
         return True
     return False
 
 
 def collect_messages(sums: Sequence[SumState], train: dict[int, Message]) -> list[Message]:
-    """Stage 2: each member's train message, carrying the shares addressed to it."""
+    """The collect stage: each member's train message, carrying the shares addressed to it."""
     out = []
     for s in sums:
         if s.abandoned:
@@ -214,18 +227,19 @@ def collect_messages(sums: Sequence[SumState], train: dict[int, Message]) -> lis
         for node in s.shared:
             srcs, texts = s.forward[node]
             msg = train[node]
-            msg.content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({
-                Key.STAGE: Stage.COLLECT_MASKED_VECTORS, Key.CIPHERTEXT_LIST: texts, Key.SOURCE_LIST: srcs})
+            msg.content.config_records[keys.SECAGG_RECORD] = ConfigRecord({
+                keys.SECAGG_STAGE: keys.STAGE_COLLECT, keys.SECAGG_SUM_ID: s.params.sum_id,
+                keys.SECAGG_CIPHERTEXTS: texts, keys.SECAGG_SOURCES: srcs})
             out.append(msg)
     return out
 
 
 def masked_input(reply: Message, shapes: Sequence[tuple[int, ...]], modulus: int) -> list[np.ndarray] | str:
-    """A member's masked vector from its stage-2 reply, or why it is unusable."""
-    rec = reply.content.config_records.get(RECORD_KEY_CONFIGS)
-    raw = rec.get(Key.MASKED_PARAMETERS) if rec is not None else None
+    """A member's masked vector from its collect reply, or why it is unusable."""
+    rec = reply.content.config_records.get(keys.SECAGG_RECORD)
+    raw = rec.get(keys.SECAGG_MASKED) if rec is not None else None
     if not isinstance(raw, list) or len(raw) != len(shapes) or not all(isinstance(b, bytes) for b in raw):
-        return f"expected {len(shapes)} masked arrays in '{RECORD_KEY_CONFIGS}'"
+        return f"expected {len(shapes)} masked arrays in '{keys.SECAGG_RECORD}'"
     try:
         arrays = [bytes_to_ndarray(cast(bytes, b)) for b in raw]
     except (ValueError, TypeError, OSError) as exc:
@@ -238,10 +252,11 @@ def masked_input(reply: Message, shapes: Sequence[tuple[int, ...]], modulus: int
 
 
 def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np.ndarray]],
-                 shapes: Sequence[tuple[int, ...]], timeout: float, ttl: float | None) -> list[SumResult]:
-    """Stage 3 for every open sum: unmask Σ over the members whose masked input is in ``inputs``."""
+                 shapes: Sequence[tuple[int, ...]], *, roster: Roster | None, timeout: float,
+                 ttl: float | None) -> list[SumResult]:
+    """Consistency (with a roster) and unmask for every open sum: Σ over the members whose input is in ``inputs``."""
     results: dict[int, SumResult] = {}
-    unmask, masked = [], {}
+    masked: dict[int, tuple[list[np.ndarray], list[int]]] = {}
     for s in sums:
         alive = [n for n in s.shared if n in inputs]
         if s.abandoned or len(alive) < s.floor:
@@ -253,9 +268,22 @@ def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np
         for n in alive:
             total = add_mod(total, inputs[n], s.quantisation.modulus)
         masked[s.index] = (total, alive)
-        dead = [n for n in s.shared if n not in inputs]
-        record = ConfigRecord({Key.STAGE: Stage.UNMASK, Key.ACTIVE_NODE_ID_LIST: alive,
-                               Key.DEAD_NODE_ID_LIST: dead})
+    signatures: dict[int, dict[int, bytes]] = {i: {} for i in masked}
+    if roster is not None:
+        asks = [_message(n, {keys.SECAGG_STAGE: keys.STAGE_CONSISTENCY, keys.SECAGG_SUM_ID: sums[i].params.sum_id,
+                             keys.SECAGG_SURVIVORS: alive}, ttl)
+                for i, (_, alive) in masked.items() for n in alive]
+        for node, rec in _answers(grid, asks, timeout).items():
+            sig = rec.get(keys.SIGNATURE)
+            i = next(i for i, (_, alive) in masked.items() if node in alive)
+            if isinstance(sig, bytes):
+                signatures[i][node] = sig
+    unmask = []
+    for i, (_, alive) in masked.items():
+        signers = sorted(signatures[i])
+        record = {keys.SECAGG_STAGE: keys.STAGE_UNMASK, keys.SECAGG_SUM_ID: sums[i].params.sum_id,
+                  keys.SECAGG_SURVIVORS: alive, keys.SECAGG_SIGNERS: signers,
+                  keys.SECAGG_SIGNATURES: [signatures[i][n] for n in signers]}
         unmask += [_message(n, record, ttl) for n in alive]
     answers = _answers(grid, unmask, timeout)
     for s in sums:
@@ -266,16 +294,16 @@ def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np
     return [results[s.index] for s in sums]
 
 
-def _unmask(s: SumState, total: list[np.ndarray], alive: list[int], answers: dict[int, Message],
+def _unmask(s: SumState, total: list[np.ndarray], alive: list[int], answers: dict[int, ConfigRecord],
             shapes: Sequence[tuple[int, ...]]) -> SumResult:
     """Remove the self masks of the survivors and the pairwise masks of the dropouts."""
     shares: dict[int, list[bytes]] = {n: [] for n in s.shared}
     for node in alive:
-        if node not in answers:
+        rec = answers.get(node)
+        if rec is None:
             continue
-        rec = answers[node].content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
-        owners = cast(list[int], rec.get(Key.NODE_ID_LIST, []))
-        values = cast(list[bytes], rec.get(Key.SHARE_LIST, []))
+        owners = cast(list[int], rec.get(keys.SECAGG_OWNERS, []))
+        values = cast(list[bytes], rec.get(keys.SECAGG_SHARES, []))
         for owner, share in zip(owners, values, strict=False):
             if owner in shares and isinstance(share, bytes):
                 shares[owner].append(share)
@@ -290,7 +318,7 @@ def _unmask(s: SumState, total: list[np.ndarray], alive: list[int], answers: dic
                 continue
             for other in alive:  # a dropout: the pairwise masks the survivors added with it
                 pairwise = mask(generate_shared_key(bytes_to_private_key(secret),
-                                                    bytes_to_public_key(s.public_keys[other][0])), modulus, shapes)
+                                                    bytes_to_public_key(s.keyed[other].pk1)), modulus, shapes)
                 total = add_mod(total, pairwise, modulus, 1 if owner > other else -1)
     except (ValueError, TypeError, KeyError) as exc:
         reason = f"cannot remove the masks ({exc}); not released"

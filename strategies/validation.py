@@ -22,6 +22,7 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from privacy.accountants import exceeds_budget
+from privacy.mechanisms import ExpectedRelease
 from protocol import keys
 from protocol.replies import TrainReport
 
@@ -45,27 +46,6 @@ class DeclaredBudget:
     epsilon_budget: float
     delta: float
     epsilon_spent: float
-
-
-@dataclass(frozen=True)
-class ExpectedRelease:
-    """What the server can derive about one train reply before it arrives.
-
-    Attributes
-    ----------
-    num_examples : int
-        The example count the reply must claim (the handshake's, or its training split).
-    noise_multiplier : float or None
-        σ the server fixed in the train config (None: the client calibrates its own).
-    sample_rate, steps : float/int or None
-        The mechanism's q and step count where the server can derive them from public
-        figures (DP-SGD: q = 1/⌈n/B⌉, epochs·⌈n/B⌉ steps; update mode: 1 and 1).
-    """
-
-    num_examples: int
-    noise_multiplier: float | None = None
-    sample_rate: float | None = None
-    steps: int | None = None
 
 
 def specs_of(arrays: ArrayRecord) -> list[ArraySpec]:

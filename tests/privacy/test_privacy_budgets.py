@@ -205,20 +205,23 @@ def test_a_client_draws_its_own_budget_alone_and_it_equals_the_full_draw(name: s
     """A simulated client computes only its own budget (O(1) per message, whatever N), and
     that is exactly its entry of the all-clients draw the server side uses."""
     from client.profile import simulated_budget
+    from protocol.run_settings import RunSettings
 
-    cfg = {"budget-distribution": name, "seed": 7, "epsilon": 3.0, "epsilon-min": 1.0, "epsilon-max": 10.0}
+    raw = {"budget-distribution": name, "seed": 7, "epsilon": 3.0, "epsilon-min": 1.0, "epsilon-max": 10.0}
+    cfg = RunSettings.of(raw)
     everyone = budgets_for(name, 200, seed=7, epsilon=3.0, epsilon_min=1.0, epsilon_max=10.0)
     assert [simulated_budget(cfg, i, 200) for i in range(200)] == everyone
     assert simulated_budget(cfg, 5, 200, reference="minimum") == min(everyone)
     assert simulated_budget(cfg, 5, 200, reference="maximum") == max(everyone)
     # the strategy's name is not what decides it (issue 10): the message's budget reference is
-    assert simulated_budget({**cfg, "strategy": "maximum"}, 5, 200) == everyone[5]
+    assert simulated_budget(RunSettings.of({**raw, "strategy": "maximum"}), 5, 200) == everyone[5]
 
 
 def test_a_budget_reference_is_for_simulation_only() -> None:
     """PFA's Maximum oracle gives every simulated client the largest budget; a site that declares
     its own budget keeps it whatever the server's message says, and a bad reference is an error."""
     from client.profile import resolve_profile, simulated_budget
+    from protocol.run_settings import RunSettings
 
     run = {"budget-distribution": "uniform", "seed": 7, "epsilon": 3.0, "epsilon-min": 1.0, "epsilon-max": 10.0}
     site = {"partition-id": 0, "num-partitions": 4, "epsilon": 2.0}
@@ -227,7 +230,7 @@ def test_a_budget_reference_is_for_simulation_only() -> None:
     everyone = budgets_for("uniform", 4, seed=7, epsilon_min=1.0, epsilon_max=10.0)
     assert resolve_profile(simulated, run, "maximum").epsilon_budget == max(everyone)
     with pytest.raises(ValueError, match="'budget-reference' must be one of minimum, maximum"):
-        simulated_budget(run, 0, 4, reference="everything")
+        simulated_budget(RunSettings.of(run), 0, 4, reference="everything")
 
 
 @pytest.mark.parametrize("num_clients", [7, 20, 30, 101])

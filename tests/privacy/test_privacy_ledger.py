@@ -64,7 +64,7 @@ def test_a_version_1_ledger_loads_reaccounted_under_replace_one() -> None:
     ledger = PrivacyLedger.from_dict(v1)
     assert ledger.modes == ["unknown", "unknown"] and ledger.unit() == "record"
     assert ledger.spent() == epsilon_of([(3.0, 1.0, 2)], DELTA, "rdp", REPLACE_ONE)  # not the stored 1.0
-    assert json.loads(ledger.to_json())["schema_version"] == 2
+    assert json.loads(ledger.to_json())["schema_version"] == 3
 
 
 def test_never_exceeds_budget_random_sequences() -> None:
@@ -107,14 +107,12 @@ def test_calibrated_plan_is_accepted_round_by_round_then_refused() -> None:
     assert ledger.rounds == list(range(1, rounds + 1))
 
 
-def test_the_refusal_is_flowers_privacy_budget_exhausted() -> None:
-    """Code written for Flower's DP wrappers catches privet's refusal, and nothing is recorded."""
-    from flwr.serverapp.exception import PrivacyBudgetExhausted as FlowerPrivacyBudgetExhausted
-
+def test_a_refusal_records_nothing() -> None:
+    """A refused release leaves the ledger as it was (the privacy package needs nothing of Flower's)."""
     ledger = _ledger(0.5)
-    with pytest.raises(FlowerPrivacyBudgetExhausted, match="would spend"):
+    with pytest.raises(PrivacyBudgetExhausted, match="would spend"):
         ledger.record(0.5, 1.0, 10, server_round=1, run_id=1)
-    assert ledger.history == [] and ledger.spent() == 0.0
+    assert ledger.history == [] and ledger.spent() == 0.0 and ledger.rounds == []
 
 
 def test_no_noise_is_infinite_epsilon() -> None:
@@ -170,7 +168,7 @@ def test_json_round_trip() -> None:
     ledger = _used_ledger()
     text = ledger.to_json()
     state = json.loads(text)
-    assert state["schema_version"] == 2 and state["epsilon_spent"] == pytest.approx(ledger.spent())
+    assert state["schema_version"] == 3 and state["epsilon_spent"] == pytest.approx(ledger.spent())
     assert state["relation"] == "replace-one"
     restored = PrivacyLedger.from_json(text)
     assert restored == ledger
@@ -262,7 +260,7 @@ def test_malformed_json_text(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("schema_version", 3, "schema_version"),
+        ("schema_version", 4, "schema_version"),
         ("kind", "something-else", "kind"),
         ("epsilon_budget", -1.0, "epsilon_budget"),
         ("epsilon_budget", "3", "epsilon_budget"),

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from privacy.mechanisms import (
+from privacy.mechanisms.gaussian import (
     CLIPPED,
     NOISE_STD,
     UPDATE_NORM,

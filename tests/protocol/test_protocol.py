@@ -11,7 +11,7 @@ from flwr.app import ConfigRecord
 
 from client import app as client_module
 from client.ledger_store import STATE_KEY
-from privacy.dp_modes import DP_MODES
+from protocol.keys import DP_MODES
 from protocol import keys
 from protocol.budget_query import BudgetQuery
 from protocol.dpfedc import DPFedCRound
@@ -73,10 +73,10 @@ def test_a_missing_required_key_is_named():
 
 
 def test_the_budget_query_and_the_clustering_section_round_trip():
-    for query in (BudgetQuery(), BudgetQuery("rdp", "maximum"), BudgetQuery(dpfedc_k=10)):
+    for query in (BudgetQuery(), BudgetQuery("rdp", "maximum"), BudgetQuery(task=keys.TASK_CLUSTERING)):
         assert BudgetQuery.decode(query.encode()) == query
-    with pytest.raises(ValueError, match=f"'{keys.DPFEDC_K}'"):
-        BudgetQuery.decode({keys.DPFEDC_K: -3})
+    with pytest.raises(ValueError, match=f"'{keys.TASK}' must be one of"):
+        BudgetQuery.decode({keys.TASK: "regression"})
     section = DPFedCRound(k=10, rho=1e-3, mu_h=1e-6, q1=10, q2=0, q_hat=7, calibration="paper",
                           epsilon_bar=20.0, grad_clip=1.5, client_rate=0.1, planned_rounds=30)
     assert DPFedCRound.decode(section.encode()) == section

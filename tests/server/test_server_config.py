@@ -79,11 +79,22 @@ def test_cli_reports_errors_without_a_traceback(capsys, tmp_path):
     assert "not a privet results directory" in capsys.readouterr().err
 
 
-def test_unknown_key_in_a_method_section_lists_that_sections_keys():
+def test_a_misspelt_key_gets_a_did_you_mean_in_one_line():
     with pytest.raises(ConfigError) as err:
         RunConfig.from_flower({**app_defaults(), "pfa.kk": 1})
-    assert "'pfa.kk'" in str(err.value) and "pfa.k," in str(err.value)
-    assert "num-server-rounds" not in str(err.value)
+    assert str(err.value) == "invalid run config: 'pfa.kk': unknown key; did you mean 'pfa.k'?"
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), "num-server-round": 3})
+    assert "did you mean 'num-server-rounds'?" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_unknown_key_without_a_close_one_lists_its_sections_keys_or_points_to_the_help():
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), "pfa.zzzzzz": 1})
+    assert "pfa.k," in str(err.value) and "num-server-rounds" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_flower({**app_defaults(), "zzzzzz": 1})
+    assert "privet run --help" in str(err.value) and "num-server-rounds" not in str(err.value)
 
 
 @pytest.mark.parametrize("strategy", ["ppsgd", "centaur"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from privacy.dp_modes import DP_MODES
+from protocol.keys import DP_MODES
 from privet.cli import build_parser
 from server.config import ConfigError, RunConfig
 from server.registry import build_strategy

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -272,7 +273,9 @@ def test_a_reply_with_a_wrongly_shaped_w_is_dropped(run_config_factory, tmp_path
         return reply
 
     cfg = _dpfedc_config(run_config_factory, tmp_path, **{"num-server-rounds": 1})
-    summary, _, _ = _run(cfg, tamper)
+    with pytest.raises(RuntimeError, match="incomplete"):  # every reply rejected: the round failed, visibly
+        _run(cfg, tamper)
+    summary = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())
     reasons = [r["reason"] for c in summary["clients"] for r in c["rejections"]]
     assert reasons and all("shape" in why for why in reasons)
 

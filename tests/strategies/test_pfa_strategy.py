@@ -318,7 +318,7 @@ def test_redraw_gives_every_round_a_public_client_where_weiavg_would_not(seed):
     for policy in ("redraw", "weiavg"):
         strategy = PFA(params=PFAConfig(no_public=policy), fraction_train=0.2, min_train_nodes=1,
                        min_available_nodes=1, seed=seed)
-        strategy.handshake(BudgetGrid(budgets), list(budgets))
+        strategy.registry.handshake(BudgetGrid(budgets), list(budgets), strategy.budget_query())
         public = strategy.public_nodes()
         assert public == {100, 101}
         samples[policy] = [strategy.sample(r, sorted(budgets)) for r in range(1, 41)]

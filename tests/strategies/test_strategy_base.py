@@ -56,7 +56,7 @@ def test_sampling_never_picks_an_exhausted_client_and_is_seeded():
     strategy = PrivacyAwareFedAvg(fraction_train=0.5, min_train_nodes=1, seed=3)
     for n in range(10):
         strategy.accounts[n] = ClientAccount(n, str(n), 1.0, 1e-5, 10, 0.0, 0.0, exhausted=n % 3 == 0)
-    eligible = strategy.eligible(range(10))
+    eligible = strategy.registry.eligible(range(10))
     assert eligible == [1, 2, 4, 5, 7, 8]
     for rnd in range(1, 20):
         chosen = strategy.sample(rnd, eligible)
@@ -85,8 +85,8 @@ def test_the_same_seed_samples_the_same_clients_whatever_their_node_ids():
         names = {n: str(i) for i, n in enumerate(node_ids)}  # client i on whatever node id
         grid.send_and_receive = _renamed(grid.send_and_receive, names)
         strategy = PrivacyAwareFedAvg(fraction_train=0.25, min_train_nodes=1, seed=3)
-        strategy.handshake(grid, node_ids)
-        picked.append([sorted(strategy.accounts[n].client_id for n in strategy.sample(r, strategy.eligible(node_ids)))
+        strategy.registry.handshake(grid, node_ids, strategy.budget_query())
+        picked.append([sorted(strategy.accounts[n].client_id for n in strategy.sample(r, strategy.registry.eligible(node_ids)))
                        for r in range(1, 6)])
     assert picked[0] == picked[1]
     assert len({tuple(p) for p in picked[0]}) > 1, "rounds draw different clients"
@@ -105,7 +105,7 @@ def test_personalized_evaluation_asks_the_same_clients_whatever_their_node_ids()
         names = {n: str(i) for i, n in enumerate(node_ids)}
         grid.send_and_receive = _renamed(grid.send_and_receive, names, evaluation=True)
         strategy = PPSGD(fraction_evaluate=0.25, min_train_nodes=1, seed=3)
-        strategy.handshake(grid, node_ids)
+        strategy.registry.handshake(grid, node_ids, strategy.budget_query())
         asked.append([sorted(names[m.metadata.dst_node_id] for m in
                              strategy.configure_evaluate(r, ArrayRecord(), ConfigRecord(), grid)) for r in (1, 2, 3)])
     assert asked[0] == asked[1] and all(len(a) == 10 for a in asked[0])

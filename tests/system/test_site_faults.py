@@ -51,7 +51,8 @@ def _site(i: int, n: int = 3, **extra) -> dict:  # noqa: ANN003
 def test_a_node_that_does_not_answer_is_asked_again_briefly_and_rejoins():
     """A hung or restarting node is listed, re-asked with a short timeout, and registered
     once it answers; an explicit refusal is never re-asked."""
-    from strategies.base import RETRY_HANDSHAKE_SECONDS, PrivacyAwareFedAvg
+    from strategies.base import PrivacyAwareFedAvg
+    from strategies.clients import RETRY_HANDSHAKE_SECONDS
     from tests.fakes import BudgetGrid
 
     class Flaky(BudgetGrid):
@@ -65,15 +66,15 @@ def test_a_node_that_does_not_answer_is_asked_again_briefly_and_rejoins():
 
     grid = Flaky({100: 5.0, 101: 5.0})
     strategy = PrivacyAwareFedAvg(handshake_timeout=300.0)
-    strategy.handshake(grid, [100, 101])
+    strategy.registry.handshake(grid, [100, 101], strategy.budget_query())
     assert set(strategy.accounts) == {100} and strategy.refused[101].retry
     assert "no answer to the budget handshake within 300s" in strategy.refused[101].reason
-    strategy.handshake(grid, [100, 101])  # still silent: re-asked briefly
+    strategy.registry.handshake(grid, [100, 101], strategy.budget_query())  # still silent: re-asked briefly
     grid.silent = set()
-    strategy.handshake(grid, [100, 101])  # back: registered, no longer listed
+    strategy.registry.handshake(grid, [100, 101], strategy.budget_query())  # back: registered, no longer listed
     assert set(strategy.accounts) == {100, 101} and not strategy.refused
     assert grid.timeouts == [300.0, RETRY_HANDSHAKE_SECONDS, RETRY_HANDSHAKE_SECONDS]
-    strategy.handshake(grid, [100, 101])
+    strategy.registry.handshake(grid, [100, 101], strategy.budget_query())
     assert len(grid.timeouts) == 3, "registered nodes are not asked again"
 
 
@@ -222,14 +223,17 @@ def test_a_message_that_expires_during_training_is_discarded_uncharged(run_confi
     msg = _message(cfg, _global_arrays(cfg))
     msg.metadata.ttl = 30.0
     msg.metadata.created_at = time.time()
-    train_locally = client_module._train_locally
+    import client.work as work_module
 
-    def stopped_mid_training(*args, **kwargs):  # noqa: ANN002, ANN003
-        out = train_locally(*args, **kwargs)
-        msg.metadata.created_at -= 31.0  # as if SIGSTOPped for 31 s before the charge
-        return out
+    def stopped_mid_training(train):  # noqa: ANN001, ANN202
+        def wrapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            out = train(*args, **kwargs)
+            msg.metadata.created_at -= 31.0  # as if SIGSTOPped for 31 s before the charge
+            return out
+        return wrapped
 
-    monkeypatch.setattr(client_module, "_train_locally", stopped_mid_training)
+    for name in ("train", "train_dpsgd"):  # whichever the round's mechanism runs
+        monkeypatch.setattr(work_module.ModelWork, name, stopped_mid_training(getattr(work_module.ModelWork, name)))
     reply = client_module.app(msg, _context(cfg, node))
     assert reply.has_error() and reply.error.reason.startswith(keys.STALE_MESSAGE)
     ledger = tmp_path / "l.json"

@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.round_plan import client_seed
+from client.seeds import client_seed
 from client.app import app as client_app
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for

@@ -1,4 +1,4 @@
-"""Client-level Gaussian mechanism on model updates: pure, seeded numpy functions.
+"""The Gaussian mechanism on model updates: clipping and noise, pure numpy functions.
 
 A model update u = (u_1, …, u_L) is treated as one vector across all its layers. The
 mechanism (DP-FedAvg, McMahan et al. 2018; GDPFed Alg. 1) is
@@ -33,8 +33,6 @@ __all__ = [
     "NOISE_STD",
     "UPDATE_NORM",
     "clip_update",
-    "dpsgd_sample_rate",
-    "dpsgd_steps_per_round",
     "gaussian_noise_like",
     "l2_norm",
     "local_noise_multiplier",
@@ -226,37 +224,3 @@ def local_noise_multiplier(noise_multiplier: float, noise_shares: int) -> float:
     sigma = check_nonnegative_finite("noise_multiplier", noise_multiplier)
     shares = check_int("noise_shares", noise_shares, minimum=1)
     return sigma / math.sqrt(shares)
-
-
-def dpsgd_batches_per_epoch(num_examples: int, batch_size: int) -> int:
-    """⌈n/B⌉: the expected number of Poisson batches of size B in one pass over n examples."""
-    return max(1, -(-int(num_examples) // int(batch_size)))
-
-
-def dpsgd_sample_rate(num_examples: int, batch_size: int) -> float:
-    """DP-SGD's Poisson sampling rate q = 1/⌈n/B⌉ (expected batch n/⌈n/B⌉ <= B).
-
-    A function of the public n and B only: the server derives it too and checks replies.
-    """
-    return 1.0 / dpsgd_batches_per_epoch(num_examples, batch_size)
-
-
-def dpsgd_expected_batch(num_examples: int, batch_size: int) -> int:
-    """⌊n·q⌋ at q = 1/⌈n/B⌉: the expected batch size DP-SGD divides its noisy sum by.
-
-    Opacus takes ``int(n * q)``, which float rounding makes one less for some n where n·q is a
-    whole number (196 · (1/49) = 3.999…: a step 4/3 too large); this is the same figure in
-    integers. It scales the step, not the privacy: the noise is calibrated on the sum.
-    """
-    return num_examples // dpsgd_batches_per_epoch(num_examples, batch_size)
-
-
-def dpsgd_steps_per_round(num_examples: int, batch_size: int, epochs: int, local_steps: int = 0) -> int:
-    """DP-SGD steps in one round, every one taken (empty batches too).
-
-    τ = ``local_steps`` when it is > 0 (PFA's and GDPFed's "τ local iterations"), else
-    ``epochs`` × ⌈n/B⌉.
-    """
-    if local_steps > 0:
-        return int(local_steps)
-    return int(epochs) * dpsgd_batches_per_epoch(num_examples, batch_size)

@@ -1,0 +1,75 @@
+"""The secure-sum section of the run config (``[tool.flwr.app.config.secagg]``), validated at the edge.
+
+Importable without Flower or torch (:mod:`strategies.secure_sum` runs the stages).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from privacy.secure_sum import MAX_BITS
+from protocol.config import kebab
+
+#: Values of the run config's ``secure-aggregation``.
+SECURE_AGGREGATION = ("none", "secagg+")
+
+
+class SecureAggregation(BaseModel):
+    """The ``[tool.flwr.app.config.secagg]`` section (keys ``secagg.*``): how secure sums run.
+
+    Attributes
+    ----------
+    threshold : float
+        t as a fraction of a sum's members (Shamir threshold; at least 2): the server and
+        fewer than t members together learn nothing about one member's input.
+    min_survivors : int
+        r_min: the fewest inputs a released sum may hold; 0 means ``noise-shares`` (m).
+        Each member charges σ·√(r_min/m).
+    bits : int
+        Quantisation bits b (L = 2^b − 1 levels per coordinate), 8 to 30.
+    clip_probability : float
+        Bound on the probability that the quantiser clips any coordinate (eq. 1 of
+        :mod:`privacy.secure_sum`).
+    """
+
+    model_config = ConfigDict(alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True)
+
+    threshold: float = Field(0.5, gt=0.0, le=1.0)
+    min_survivors: int = Field(0, ge=0)
+    bits: int = Field(24, ge=8, le=MAX_BITS)
+    clip_probability: float = Field(1e-9, gt=0.0, lt=1.0)
+
+    def shamir_threshold(self, members: int) -> int:
+        """T for a sum of ``members`` clients: ⌈fraction·members⌉, at least 2, at most members."""
+        return min(members, max(2, math.ceil(self.threshold * members)))
+
+
+def check(cfg: Any, sums_only: bool, group_sums: bool) -> None:
+    """Secure sums need update mode, a sum-only aggregation rule and a common σ (``cfg``: a RunConfig).
+
+    ``sums_only``: the strategy aggregates sums only; ``group_sums``: its sums are GDPFed's groups
+    (each with its own σ_m, released only with all r_m members).
+    """
+    from protocol import keys
+
+    if cfg.secure_aggregation == "none":
+        return
+    if not sums_only:
+        raise ValueError(f"'secure-aggregation' = '{cfg.secure_aggregation}' needs a strategy that aggregates sums "
+                         f"only; '{cfg.strategy}' does not (see `privet run --help` for the strategies)")
+    if cfg.resolved_dp_mode != keys.DP_UPDATE:
+        raise ValueError(f"'secure-aggregation' = '{cfg.secure_aggregation}' needs 'dp-mode' = 'update' (the noise "
+                         f"is split among the clients of a sum); found '{cfg.resolved_dp_mode}'")
+    if group_sums:
+        return
+    if cfg.noise_multiplier <= 0:
+        raise ValueError(f"'secure-aggregation' = '{cfg.secure_aggregation}' needs a common 'noise-multiplier' > 0: "
+                         "every client of a sum must add the same share of the noise")
+    per_round = min(cfg.num_clients, max(cfg.min_train_clients, int(cfg.fraction_train * cfg.num_clients)))
+    r_min = max(cfg.secagg.min_survivors or cfg.noise_shares, cfg.site.min_sum_size)
+    if r_min > per_round:
+        raise ValueError(f"'secagg.min-survivors' (0 means 'noise-shares', at least 'site.min-sum-size') = {r_min} "
+                         f"is above the {per_round} clients sampled per round, so no sum could be released")

@@ -1,0 +1,43 @@
+"""The models' and DP-SGD modes' names, and the choice of a mode: what validation reads, without torch.
+
+The models themselves are :mod:`tasks.models`; a config error must be reported before torch loads.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["FASTEST_GRAD_SAMPLE_MODE", "GRAD_SAMPLE_MODES", "LINEAR_MODE", "LINEAR_MODELS", "MODELS",
+           "resolve_grad_sample_mode"]
+
+MODELS: Final = ("mlp2", "lenet5", "logreg", "cnn", "cnn2")
+
+#: How DP-SGD gets its clipped per-sample gradients: Opacus' three modes, privet's closed form
+#: for models made of Linear layers (``client/linear_dpsgd.py``), and ``auto``, the fastest
+#: measured for the model.
+LINEAR_MODE: Final = "linear"
+GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch", LINEAR_MODE)
+
+#: Models whose trainable parameters all sit in ``nn.Linear`` layers (``linear`` applies;
+#: a test checks this against the models themselves).
+LINEAR_MODELS: Final = ("mlp2", "logreg")
+
+#: The fastest mode per model where it is not ``ghost`` (benchmarks/results/dpsgd_step.md,
+#: batch 64, one thread, 4 interleaved passes): ``cnn`` hooks (1.98x a plain step vs ghost 2.18x
+#: and functorch 2.40x), ``logreg`` and ``mlp2`` the closed form (2.2x and 2.5x vs ghost 4.6x);
+#: every other model is fastest with ghost clipping, e.g. ``lenet5`` ghost 2.4x vs hooks 3.6x.
+FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks", "logreg": LINEAR_MODE, "mlp2": LINEAR_MODE}
+
+
+def resolve_grad_sample_mode(mode: str, model: str) -> str:
+    """The per-sample-gradient mode to run: ``mode`` itself, or for ``auto`` the fastest
+    measured for ``model`` (:data:`FASTEST_GRAD_SAMPLE_MODE`, else ``ghost``).
+
+    Raises ValueError on an unknown mode, or ``linear`` for a model with other layers.
+    """
+    if mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad-sample-mode must be one of {', '.join(GRAD_SAMPLE_MODES)}; found {mode!r}")
+    if mode == LINEAR_MODE and model not in LINEAR_MODELS:
+        raise ValueError(f"grad-sample-mode 'linear' needs a model of Linear layers only ({', '.join(LINEAR_MODELS)}); "
+                         f"found model {model!r}: use 'auto', 'ghost' or 'hooks'")
+    return FASTEST_GRAD_SAMPLE_MODE.get(model, "ghost") if mode == "auto" else mode
