@@ -33,7 +33,7 @@ from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledg
 from client.model_task import ModelTask
 from client.profile import ClientProfile, resolve_profile
 from client.replies import error_reply, reply_meta, stale_reason, train_report
-from client.secure_sum import secure_survivors
+from client.secure_sum import secure_ddg, secure_survivors
 from client.seeds import client_seed, noise_for
 from privacy.accountants import epsilon_of
 from privacy.exceptions import PrivacyBudgetExhausted
@@ -99,7 +99,7 @@ def _round(msg: Message, context: Context, profile: ClientProfile, cfg: TrainCon
         task = TASKS[cfg.task](msg, context, profile, cfg)
         secure = secure_survivors(msg, context)  # r_min when the upload leaves only inside a secure sum
         mechanism = cfg.mechanism(num_examples=task.num_examples, delta=ledger.delta, secure_floor=secure,
-                                  clustering=task.clustering)
+                                  clustering=task.clustering, ddg=secure_ddg(msg, context))
     except (ValueError, KeyError, IndexError, FileNotFoundError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
     if not mechanism.private and math.isfinite(ledger.epsilon_budget):
@@ -116,11 +116,12 @@ def _round(msg: Message, context: Context, profile: ClientProfile, cfg: TrainCon
         return _refuse(msg, profile, str(exc))
     floor = profile.floors.refusal(
         charged_sigma=mechanism.charged(release.noise_multiplier),
-        release_epsilon=epsilon_of(list(release.charges), ledger.delta, ledger.accountant) if release.charges else 0.0,
+        release_epsilon=epsilon_of(list(release.charges), ledger.delta, ledger.conversion(mechanism.ledger_mode))
+        if release.charges else 0.0,
         releases_in_run=ledger.releases_in_run(run_id)) if mechanism.private else None
     if floor:  # the site's own say over how its budget is spent, before any data is touched
         return error_reply(msg, ERROR_REFUSED, f"{keys.SITE_FLOOR}: client {profile.client_id}: {floor}")
-    if mechanism.private and ledger.would_exceed_release(release.charges, run_id):
+    if mechanism.private and ledger.would_exceed_release(release.charges, run_id, mechanism.ledger_mode):
         limit = ledger.limit(run_id)
         what = f"its budget {ledger.epsilon_budget:g}" if limit == ledger.epsilon_budget else \
             f"this run's cap eps={limit:g} (run-epsilon; budget {ledger.epsilon_budget:g})"

@@ -8,22 +8,27 @@ Fernet authenticated encryption of :mod:`flwr.common.secure_aggregation.crypto`,
 and Ed25519 signatures against the operator's roster (:mod:`protocol.roster`):
 
 ``setup``
-    The sum's parameters (members, Shamir threshold t, r_min, quantisation, and the mechanism each
-    member runs: C, σ, m). The member takes r_min = max(the server's, its site's
-    ``min-sum-size``), answers two fresh public keys and, with a roster, its signature over them
-    *and the parameters' digest*: a member shown other parameters computes another digest and its
-    signature check fails, so all members run one mechanism.
+    The sum's parameters (members, Shamir threshold t, r_min, the mode, its quantisation or its
+    distributed discrete Gaussian, and the mechanism each member runs: C, σ, m). A ``secagg+ddg``
+    member recomputes the discrete Gaussian's scale, σ² and B² from C, σ, m, b, d, n, β and the
+    wrap target, and refuses numbers that differ. The member takes r_min = max(the server's, its
+    site's ``min-sum-size``), answers two fresh public keys and, with a roster, its signature over
+    them *and the parameters' digest*: a member shown other parameters computes another digest and
+    its signature check fails, so all members run one mechanism.
 ``share-keys``
     Every member's keys. The member checks them: its own entry unchanged, no node, name or key
     twice, at least max(t, r_min) of them, and with a roster each one signed by its client id's
     roster key over this sum's digest (a server that substitutes keys is caught here). Then it
     Shamir-shares its self-mask seed and its pairwise secret key (threshold t) and encrypts one
-    share pair to each member.
+    share pair to each member. A ``secagg+ddg`` member derives the rotation's seed from the list it
+    verified (:func:`protocol.secure_sum.rotation_seed`).
 ``collect``
     The train message, with the shares addressed to it: each decrypted and checked (source,
     destination, a member). With fewer than max(t, r_min) sources it refuses before training;
     otherwise the train handler runs knowing its upload leaves only inside a sum of at least r_min
-    inputs (it charges σ·√(r_min/m)); the privatised update is quantised and masked.
+    inputs (it charges σ·√(r_min/m)); the privatised update is quantised and masked. In a
+    ``secagg+ddg`` sum the handler also gets the sum's discrete Gaussian and rotation seed
+    (:func:`secure_ddg`): its mechanism returns the integer vector (x̃ + z) mod 2^b, which is masked.
 ``consistency``
     The survivors U3 (members whose masked input reached the server): a list without duplicates,
     of members that shared keys with it, itself among them, at least max(t, r_min) of them. With a
@@ -67,11 +72,19 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from client.profile import ClientProfile, load_roster, load_signing_key, resolve_profile
+from privacy.mechanisms import DDGSum
 from privacy.secure_sum import add_mod, mask, wire_dtype
 from protocol import keys
 from protocol.errors import ERROR_SECURE_SUM
 from protocol.train_config import TrainConfig
-from protocol.secure_sum import SumParameters, consistency_threshold, keys_transcript, survivors_transcript
+from protocol.secure_sum import (
+    DDG,
+    SumParameters,
+    consistency_threshold,
+    keys_transcript,
+    rotation_seed,
+    survivors_transcript,
+)
 
 log = logging.getLogger("privet.client")
 
@@ -108,6 +121,7 @@ class MemberState:
     seed_shares: list[bytes] = field(default_factory=list)  # parallel to ``members``
     key_shares: list[bytes] = field(default_factory=list)
     survivors: list[int] = field(default_factory=list)  # U3, as this member signed it
+    rotation_seed: bytes = b""  # ``secagg+ddg``: derived from the verified key list
 
     @property
     def parameters(self) -> SumParameters:
@@ -127,7 +141,7 @@ class MemberState:
             return cls()
         state = dict(record)
         params = {k.removeprefix("param/"): state.pop(k) for k in list(state) if k.startswith("param/")}
-        return cls(**{**state, "params": params})
+        return cls(**cast(dict[str, Any], {**state, "params": params}))
 
 
 def secure_survivors(msg: Message, context: Context) -> int | None:
@@ -136,6 +150,15 @@ def secure_survivors(msg: Message, context: Context) -> int | None:
     if marker is None or marker.get("message-id") != msg.metadata.message_id:
         return None
     return int(cast(int, marker["min-survivors"]))
+
+
+def secure_ddg(msg: Message, context: Context) -> DDGSum | None:
+    """The discrete Gaussian sum this train message runs inside (set by the mod), else None."""
+    marker = context.state.config_records.get(MARKER)
+    if marker is None or marker.get("message-id") != msg.metadata.message_id or "rotation-seed" not in marker:
+        return None
+    params = SumParameters.from_record(marker)
+    return DDGSum(params.ddg(), cast(bytes, marker["rotation-seed"]))
 
 
 def secure_sum_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -193,6 +216,10 @@ def _expect(state: MemberState, request: ConfigRecord, stage: str) -> None:
 
 def _setup(request: ConfigRecord, profile: ClientProfile, node: int) -> tuple[MemberState, dict[str, Any]]:
     params = SumParameters.from_record(request)
+    if params.mode == DDG:
+        why = params.ddg_mismatch()
+        if why:
+            raise Refused(f"the sum's discrete Gaussian: {why}")
     floor = max(params.min_survivors, profile.floors.min_sum_size)
     if floor > params.members:
         raise Refused(f"the sum has {params.members} members, fewer than this site's min-sum-size "
@@ -235,6 +262,8 @@ def _share_keys(state: MemberState, request: ConfigRecord, profile: ClientProfil
             if why:
                 raise Refused(f"member {name} (node {n}): its keys are not signed for this sum: {why}")
     state.members, state.names, state.pk1s, state.pk2s = nodes, names, list(pk1s), list(pk2s)
+    if params.mode == DDG:
+        state.rotation_seed = rotation_seed(params.digest(), nodes, names, pk1s, pk2s)
     state.seed = os.urandom(32)
     seed_shares = create_shares(state.seed, params.threshold, len(nodes))
     key_shares = create_shares(state.sk1, params.threshold, len(nodes))
@@ -281,8 +310,10 @@ def _collect(state: MemberState, request: ConfigRecord, msg: Message, ctxt: Cont
             raise Refused(f"member {state.names[i]}: a share from {actual} to {dst} forwarded as from {src} to {node}")
         state.seed_shares[i], state.key_shares[i] = seed_share, key_share
     state.sources = sorted([*sources, node])
-    ctxt.state.config_records[MARKER] = ConfigRecord({"message-id": msg.metadata.message_id,
-                                                       "min-survivors": state.min_survivors})
+    marker: dict[str, Any] = {"message-id": msg.metadata.message_id, "min-survivors": state.min_survivors}
+    if params.mode == DDG:  # the train handler's mechanism encodes with the sum's numbers and rotation
+        marker.update({**params.encode(), "rotation-seed": state.rotation_seed})
+    ctxt.state.config_records[MARKER] = ConfigRecord(marker)
     reply = call_next(msg, ctxt)
     if reply.has_error():
         return reply, {}
@@ -290,14 +321,17 @@ def _collect(state: MemberState, request: ConfigRecord, msg: Message, ctxt: Cont
 
 
 def _masked_update(state: MemberState, msg: Message, content: RecordDict, node: int) -> list[bytes]:
-    """Quantise ỹ = trained − global, add the self mask and the pairwise masks, mod M."""
+    """The member's input (quantised ỹ = trained − global, or the DDG integer vector), plus its masks, mod M."""
     params = state.parameters
-    trained = content.array_records[keys.ARRAYS].to_numpy_ndarrays()
-    sent = msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
-    update = [np.asarray(t, np.float64) - np.asarray(g, np.float64) for t, g in zip(trained, sent, strict=True)]
-    if not all(np.isfinite(u).all() for u in update):
-        raise Refused("the privatised update is not finite")
-    quantised = [np.asarray(q, np.int64) for q in quantize(update, params.clipping_range, params.levels)]
+    if params.mode == DDG:
+        quantised = _ddg_input(params, content)
+    else:
+        trained = content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+        sent = msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+        update = [np.asarray(t, np.float64) - np.asarray(g, np.float64) for t, g in zip(trained, sent, strict=True)]
+        if not all(np.isfinite(u).all() for u in update):
+            raise Refused("the privatised update is not finite")
+        quantised = [np.asarray(q, np.int64) for q in quantize(update, params.clipping_range, params.levels)]
     shapes = [q.shape for q in quantised]
     masked = add_mod(quantised, mask(state.seed, params.modulus, shapes), params.modulus)
     sk1 = bytes_to_private_key(state.sk1)
@@ -310,6 +344,17 @@ def _masked_update(state: MemberState, msg: Message, content: RecordDict, node: 
         record.clear()
     wire = wire_dtype(params.modulus)
     return [ndarray_to_bytes(m.astype(wire)) for m in masked]
+
+
+def _ddg_input(params: SumParameters, content: RecordDict) -> list[np.ndarray]:
+    """The train handler's (x̃ + z) mod 2^b, checked: one integer vector of d' coordinates in [0, 2^b)."""
+    arrays = content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+    padded = params.ddg().padded_dim
+    if len(arrays) != 1 or arrays[0].shape != (padded,) or not np.issubdtype(arrays[0].dtype, np.integer) \
+            or int(arrays[0].min()) < 0 or int(arrays[0].max()) >= params.modulus:
+        raise Refused(f"the train handler's input is not one integer vector of {padded} coordinates in "
+                      f"[0, 2^{params.bits})")
+    return [np.asarray(arrays[0], np.int64)]
 
 
 def _survivor_list(state: MemberState, request: ConfigRecord, node: int) -> list[int]:

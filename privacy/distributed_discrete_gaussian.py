@@ -45,7 +45,24 @@ B² the enforced bound on ‖x̃‖₂² and x̃ integer (so ‖x̃‖₁ <= min
   in KLS and TFF): ‖Δ‖₂ <= B, ‖Δ‖₁ <= min(√d'·B, B²).
 
 T releases compose additively in RDP; (ε, δ) follows from the conversion of Canonne,
-Kamath & Steinke 2020 (Prop. 12; dp_accounting's ``compute_epsilon``). Poisson sampling of
+Kamath & Steinke 2020 (Prop. 12; dp_accounting's ``compute_epsilon``).
+
+**In a ledger of Gaussian steps** (:mod:`privacy.ledger`, ``(σ, q, n)`` triples) a release is
+charged as the Gaussian step (σ_eq, 1, 1) whose replace-one RDP curve 2α/σ_eq² lies on or
+above eq. (1) at every order α the RDP accountant converts at (:data:`RDP_ORDERS`):
+
+    σ_eq = min_{α ∈ RDP_ORDERS} √(2α / ε_DDG(α))                                        (4)
+
+(:func:`gaussian_equivalent_multiplier`). Composed in RDP and converted at those orders, the
+ledger's ε is then at least the ε of the true bound (RDP adds per order, and the conversion
+ε = min_α [ρ(α) + log((α−1)/α) − (log δ + log α)/(α−1)] is increasing in every ρ(α)), so it
+stays an upper bound. It is *not* an upper bound when converted through a privacy-loss
+distribution: RDP dominance does not imply dominance of the (ε, δ) profile, so a ledger that
+holds such a step converts its whole history through RDP (:data:`privacy.ledger.RDP_ONLY_MODES`).
+With the third term of (1), ε_DDG(α) <= (α/2)(‖Δ‖₂/(√n σ) + τ√d')², (4) is never below
+2/(‖Δ‖₂/(√n σ) + τ√d'); for σ² >= 4 in integer units τ <= 10⁻¹⁶·(n − 1), and (4) is √n σ/B
+under replace-one to within float round-off: the Gaussian mechanism's own multiplier at
+sensitivity 2B. Poisson sampling of
 members (rate q) is amplified with the general upper bound of Zhu & Wang (ICML 2019) for
 any mechanism's integer-order RDP, as KLS's code does — offered for zero-out only, and only
 meaningful where the sampling is hidden from the adversary: in privet the server picks the
@@ -91,6 +108,7 @@ __all__ = [
     "ddg_epsilon",
     "ddg_parameters",
     "decode",
+    "gaussian_equivalent_multiplier",
     "encode",
     "padded_dimension",
     "rdp_of_sum",
@@ -547,6 +565,27 @@ def ddg_epsilon(*, local_sigma_sq: float | Fraction, norm_bound_sq: int, padded_
         orders = SUBSAMPLED_ORDERS
         rdp = subsampled_rdp(SUBSAMPLED_ORDERS, curve, sample_rate)
     return _epsilon_from_rdp(orders, rounds * rdp, delta)
+
+
+def gaussian_equivalent_multiplier(*, local_sigma_sq: float | Fraction, norm_bound_sq: int, padded_dim: int,
+                                   min_shares: int, max_shares: int | None = None,
+                                   orders: Sequence[float] = RDP_ORDERS) -> float:
+    """Eq. (4): the largest σ whose replace-one Gaussian RDP 2α/σ² is >= eq. (1) at every order.
+
+    One release of the sum (replace-one sensitivities of :func:`sensitivities`), n in
+    [``min_shares``, ``max_shares``] shares of N_Z(0, σ²) each. A ledger that charges
+    (σ_eq, 1, 1) for it and converts through RDP at ``orders`` never reports less than the
+    ε of eq. (1) composed and converted at the same orders (module docstring).
+    """
+    l2, l1 = sensitivities(norm_bound_sq, padded_dim, REPLACE_ONE)
+    alpha = np.asarray(orders, dtype=np.float64)
+    rdp = rdp_of_sum(alpha, l2_sensitivity=l2, l1_sensitivity=l1, local_sigma_sq=local_sigma_sq, dim=padded_dim,
+                     min_shares=min_shares, max_shares=max_shares)
+    sigma = float(np.min(np.sqrt(2.0 * alpha / rdp)))
+    # round down until the Gaussian curve, as the accountant computes it, is on or above eq. (1)
+    while np.any(2.0 * alpha / sigma**2 < rdp):
+        sigma = math.nextafter(sigma, 0.0)
+    return sigma
 
 
 def smallest_local_sigma_sq(*, epsilon: float, delta: float, rounds: int, norm_bound_sq: int, padded_dim: int,

@@ -12,6 +12,17 @@ cumulative ε protects: a client's whole dataset (all releases client-level, ``u
 mode) or one record of it (any ``dpsgd`` release, or a release of unknown mode; a
 client-level guarantee implies a record-level one, never the other way round).
 
+**Steps accounted through RDP only.** A mechanism whose guarantee is a Rényi-DP curve rather
+than a Gaussian's (the distributed discrete Gaussian of :mod:`privacy.distributed_discrete_gaussian`)
+is charged as a Gaussian step whose RDP curve lies on or above its own at every order the RDP
+accountant converts at. That makes RDP composition and conversion an upper bound, but not a
+privacy-loss-distribution accountant (RDP dominance does not imply dominance of the (ε, δ)
+profile). So a ledger whose releases include one of :data:`RDP_ONLY_MODES` converts its *whole*
+history through RDP (:meth:`PrivacyLedger.conversion`), whatever accountant it was declared with:
+every Gaussian step's RDP curve is a valid bound for it as well, and RDP composes any mix. The
+release's mode is recorded with it (``modes``), so this holds for the ledger's lifetime, across
+runs and restarts, with no change to the file format.
+
 Invariant: :meth:`PrivacyLedger.record` refuses (raises ``PrivacyBudgetExhausted``,
 records nothing) any mechanism that would take the cumulative ε past the budget, so
 ``spent() <= epsilon_budget · (1 + BUDGET_RTOL)`` holds for every ledger built by records.
@@ -47,7 +58,8 @@ from privacy.accountants import (
 )
 from privacy.exceptions import PrivacyBudgetExhausted
 
-__all__ = ["CLIENT_LEVEL_MODES", "LEDGER_KIND", "PrivacyLedger", "RunPlan", "UNIT_CLIENT", "UNIT_RECORD"]
+__all__ = ["CLIENT_LEVEL_MODES", "DDG_MODE", "LEDGER_KIND", "PrivacyLedger", "RDP_ONLY_MODES", "RunPlan", "UNIT_CLIENT",
+           "UNIT_RECORD"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +71,15 @@ LEDGER_KIND = "privet-privacy-ledger"
 #: Version 2 (no ``runs``) loads with no run plans.
 LEDGER_SCHEMA_VERSION = 3
 
+#: The mode of a distributed discrete Gaussian release inside a secure sum (client level).
+DDG_MODE = "secure-ddg"
 #: Modes whose releases protect a client's whole dataset; every other mode protects a record.
-CLIENT_LEVEL_MODES = frozenset({"update"})
+CLIENT_LEVEL_MODES = frozenset({"update", DDG_MODE})
+#: Modes charged as a Gaussian step that dominates their RDP curve only: a ledger holding one
+#: converts its whole history through RDP (module docstring).
+RDP_ONLY_MODES = frozenset({DDG_MODE})
+#: The accountant every ledger holding an :data:`RDP_ONLY_MODES` release converts with.
+RDP_CONVERSION = "rdp"
 UNIT_CLIENT = "client"
 UNIT_RECORD = "record"
 UNKNOWN_MODE = "unknown"
@@ -187,7 +206,17 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ accounting
     def spent(self) -> float:
         """Cumulative ε at ``delta`` of the whole history (an upper bound; 0 if empty)."""
-        return epsilon_of(self.history, self.delta, self.accountant)
+        return epsilon_of(self.history, self.delta, self.conversion())
+
+    def conversion(self, mode: str | None = None) -> str:
+        """The accountant the history converts with (once a release of ``mode`` is added, if given).
+
+        The declared accountant, unless the ledger holds (or ``mode`` is) a release that only an RDP
+        conversion bounds (:data:`RDP_ONLY_MODES`): then ``"rdp"`` for the whole history.
+        """
+        if mode in RDP_ONLY_MODES or any(m in RDP_ONLY_MODES for m in self.modes):
+            return RDP_CONVERSION
+        return self.accountant
 
     def remaining(self) -> float:
         """``max(0, epsilon_budget − spent())``; ``inf`` for an unlimited budget.
@@ -219,14 +248,17 @@ class PrivacyLedger:
         calibrated in one piece and the same plan recorded round by round.
         """
         step = check_release(noise_multiplier, sample_rate, steps)
-        projected = epsilon_of([*self.history, step], self.delta, self.accountant)
+        projected = epsilon_of([*self.history, step], self.delta, self.conversion())
         return exceeds_budget(projected, self.epsilon_budget)
 
-    def would_exceed_release(self, charges: Sequence[Step], run_id: int) -> bool:
-        """Whether recording ``charges`` would take cumulative ε past the budget or the run's cap."""
+    def would_exceed_release(self, charges: Sequence[Step], run_id: int, mode: str | None = None) -> bool:
+        """Whether recording ``charges`` would take cumulative ε past the budget or the run's cap.
+
+        ``mode`` is the release's (:meth:`conversion`: an RDP-only release is projected through RDP).
+        """
         if not charges:
             return False
-        projected = epsilon_of([*self.history, *charges], self.delta, self.accountant)
+        projected = epsilon_of([*self.history, *charges], self.delta, self.conversion(mode))
         return exceeds_budget(projected, self.limit(run_id))
 
     def record(
@@ -266,7 +298,7 @@ class PrivacyLedger:
             unchanged.
         """
         if charges:
-            projected = epsilon_of([*self.history, *charges], self.delta, self.accountant)
+            projected = epsilon_of([*self.history, *charges], self.delta, self.conversion(mode))
             limit = self.limit(run_id)
             if exceeds_budget(projected, limit):
                 what = "budget" if limit == self.epsilon_budget else f"run {run_id}'s cap"

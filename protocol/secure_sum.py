@@ -2,22 +2,44 @@
 
 The server (:mod:`strategies.secure_sum`) and each member (:mod:`client.secure_sum`) read the
 same :class:`SumParameters` and sign or verify the same transcripts (:mod:`protocol.roster`).
+
+A sum runs one of two modes (:data:`SUM_MODES`): ``"secagg+"`` (each member's float update,
+Gaussian noise already added, stochastically quantised: :mod:`privacy.secure_sum`) or
+``"secagg+ddg"`` (each member's rotated, rounded update with a discrete Gaussian share:
+:mod:`privacy.mechanisms.ddg`). The mode and every number of the distributed discrete Gaussian
+(d, s, β, σ², B², b and the wrap-around target) are parameters, so each member's signature
+covers them: members shown different parameters compute different digests and their signature
+checks fail. Each member also recomputes them (:meth:`SumParameters.ddg_mismatch`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
+from privacy.distributed_discrete_gaussian import MAX_BITS as DDG_MAX_BITS
+from privacy.distributed_discrete_gaussian import DDGParameters, ddg_parameters
 from protocol import keys
 from protocol.config import typed
 from protocol.roster import digest, transcript
 
-__all__ = ["SumParameters", "consistency_threshold", "keys_transcript", "survivors_transcript"]
+__all__ = ["DDG", "GAUSSIAN", "SUM_MODES", "SumParameters", "consistency_threshold", "keys_transcript", "rotation_seed",
+           "survivors_transcript"]
 
 #: The largest modulus whose sums int64 arithmetic holds exactly.
 MAX_MODULUS = 2**62
+
+#: The sum modes, named as the run config's ``secure-aggregation`` names them.
+GAUSSIAN = "secagg+"
+DDG = "secagg+ddg"
+SUM_MODES = (GAUSSIAN, DDG)
+
+#: Relative tolerance when a member compares the server's DDG numbers with its own: libm's log and
+#: exp may differ by an ulp between platforms; σ² and B² are integers (or on a 2⁻²⁰ grid), one unit apart.
+_DDG_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,12 @@ class SumParameters:
         The quantisation (:class:`privacy.secure_sum.Quantisation`).
     clip, noise_multiplier, noise_shares : float, float, int
         The mechanism every member runs (C, σ, m): a member refuses a train config that differs.
+    mode : str
+        One of :data:`SUM_MODES`.
+    dim, scale, beta, local_sigma_sq, norm_bound_sq, bits, wrap_target : int, float, float, str, int, int, float
+        The distributed discrete Gaussian (``mode = "secagg+ddg"``; zeros and "" otherwise): d, s, β,
+        σ² as ``"numerator/denominator"``, B², b (M = 2^b = ``modulus``) and the wrap-around
+        probability the scale was chosen for (:class:`privacy.distributed_discrete_gaussian.DDGParameters`).
     """
 
     sum_id: str
@@ -46,6 +74,14 @@ class SumParameters:
     clip: float
     noise_multiplier: float
     noise_shares: int
+    mode: str = GAUSSIAN
+    dim: int = 0
+    scale: float = 0.0
+    beta: float = 0.0
+    local_sigma_sq: str = ""
+    norm_bound_sq: int = 0
+    bits: int = 0
+    wrap_target: float = 0.0
 
     def __post_init__(self) -> None:
         if not 2 <= self.threshold <= self.members:
@@ -54,9 +90,68 @@ class SumParameters:
             raise ValueError(f"'{keys.SECURE_MIN_SURVIVORS}' {self.min_survivors} outside [1, {self.members}]")
         if not (2 <= self.modulus <= MAX_MODULUS and self.modulus & (self.modulus - 1) == 0):
             raise ValueError(f"modulus {self.modulus} is not a power of two in [2, 2**62]")
-        if not (self.clipping_range > 0 and self.levels >= 1 and self.clip > 0 and self.noise_multiplier >= 0
-                and self.noise_shares >= 1):
-            raise ValueError("the sum's quantisation or mechanism is out of range")
+        if self.mode not in SUM_MODES:
+            raise ValueError(f"the sum's mode {self.mode!r} is not one of {', '.join(SUM_MODES)}")
+        if not (self.clip > 0 and self.noise_multiplier >= 0 and self.noise_shares >= 1):
+            raise ValueError("the sum's mechanism is out of range")
+        if self.mode == GAUSSIAN and not (self.clipping_range > 0 and self.levels >= 1):
+            raise ValueError("the sum's quantisation is out of range")
+        if self.mode == DDG:
+            self.ddg()  # every number of the distributed discrete Gaussian present and in range
+
+    @classmethod
+    def for_ddg(cls, sum_id: str, members: int, threshold: int, min_survivors: int, noise_multiplier: float,
+                noise_shares: int, params: DDGParameters, wrap_target: float) -> SumParameters:
+        """A distributed-discrete-Gaussian sum's parameters (``params``: what ``ddg_parameters`` chose).
+
+        ``params`` comes from :func:`~privacy.distributed_discrete_gaussian.ddg_parameters`.
+        """
+        sigma_sq = params.local_sigma_sq
+        return cls(sum_id, members, threshold, min_survivors, 0.0, 0, params.modulus, float(params.clip),
+                   float(noise_multiplier), int(noise_shares), DDG, params.dim, float(params.scale), float(params.beta),
+                   f"{sigma_sq.numerator}/{sigma_sq.denominator}", int(params.norm_bound_sq), params.bits,
+                   float(wrap_target))
+
+    def ddg(self) -> DDGParameters:
+        """The distributed discrete Gaussian these parameters describe; ValueError if one is missing or out of range."""
+        if self.mode != DDG:
+            raise ValueError(f"a '{self.mode}' sum has no discrete Gaussian parameters")
+        try:
+            sigma_sq = Fraction(self.local_sigma_sq)
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"the sum's sigma^2 {self.local_sigma_sq!r} is not a fraction") from None
+        if not (1 <= self.dim and 0 < self.scale < math.inf and 0.0 <= self.beta < 1.0 and sigma_sq >= Fraction(1, 4)
+                and self.norm_bound_sq >= 1 and 2 <= self.bits <= DDG_MAX_BITS and self.modulus == 1 << self.bits
+                and 0.0 < self.wrap_target < 1.0):
+            raise ValueError("the sum's discrete Gaussian parameters are missing or out of range")
+        return DDGParameters(dim=self.dim, clip=self.clip, scale=self.scale, beta=self.beta, local_sigma_sq=sigma_sq,
+                             norm_bound_sq=self.norm_bound_sq, bits=self.bits, max_members=self.members)
+
+    def ddg_mismatch(self) -> str | None:
+        """Why the server's DDG numbers are not the ones its inputs give (None: they are), as a member checks.
+
+        The member recomputes :func:`~privacy.distributed_discrete_gaussian.ddg_parameters` from C, z, m, b,
+        d, n, β and the wrap target it signed; s must agree to ``1e-9`` relative, σ² and B² to that or one
+        unit of their grid (platforms' libm may differ by an ulp).
+        """
+        given = self.ddg()
+        try:
+            own = ddg_parameters(clip=self.clip, dim=self.dim, bits=self.bits, noise_multiplier=self.noise_multiplier,
+                                 noise_shares=self.noise_shares, max_members=self.members, beta=self.beta,
+                                 wrap_probability_target=self.wrap_target)
+        except ValueError as exc:
+            return f"its parameters admit no discrete Gaussian sum ({exc})"
+        unit = Fraction(1) if own.local_sigma_sq >= 1 else Fraction(1, 2**20)
+        checks = (("scale", abs(given.scale - own.scale) <= _DDG_RTOL * own.scale),
+                  ("sigma^2", abs(given.local_sigma_sq - own.local_sigma_sq)
+                   <= max(unit, Fraction(_DDG_RTOL) * own.local_sigma_sq)),
+                  ("B^2", abs(given.norm_bound_sq - own.norm_bound_sq) <= max(1.0, _DDG_RTOL * own.norm_bound_sq)))
+        wrong = [name for name, ok in checks if not ok]
+        if wrong:
+            return (f"its {', '.join(wrong)} differ from what C, sigma, m, bits, d, n, beta and the wrap target give "
+                    f"(sent scale={given.scale:.10g}, sigma^2={given.local_sigma_sq}, B^2={given.norm_bound_sq}; "
+                    f"computed {own.scale:.10g}, {own.local_sigma_sq}, {own.norm_bound_sq})")
+        return None
 
     def encode(self) -> dict[str, Any]:
         """The setup record's entries."""
@@ -66,7 +161,9 @@ class SumParameters:
     def from_record(cls, record: Mapping[str, Any]) -> SumParameters:
         """Read the setup record; ValueError naming what is missing or malformed."""
         kinds = {"sum_id": str, "members": int, "threshold": int, "min_survivors": int, "clipping_range": float,
-                 "levels": int, "modulus": int, "clip": float, "noise_multiplier": float, "noise_shares": int}
+                 "levels": int, "modulus": int, "clip": float, "noise_multiplier": float, "noise_shares": int,
+                 "mode": str, "dim": int, "scale": float, "beta": float, "local_sigma_sq": str, "norm_bound_sq": int,
+                 "bits": int, "wrap_target": float}
         values = {}
         for name, kind in kinds.items():
             key = f"param/{name}"
@@ -83,6 +180,19 @@ class SumParameters:
 def keys_transcript(sum_digest: bytes, client_id: str, node_id: int, pk1: bytes, pk2: bytes) -> bytes:
     """What a member signs at setup: its two public keys for this sum, under its name and node."""
     return transcript("secagg-keys", sum_digest, client_id, node_id, pk1, pk2)
+
+
+def rotation_seed(sum_digest: bytes, nodes: Sequence[int], names: Sequence[str], pk1s: Sequence[bytes],
+                  pk2s: Sequence[bytes]) -> bytes:
+    """The seed of a DDG sum's rotation: SHA-256 of the sum's digest and every keyed member's signed keys.
+
+    Every member derives it from the key list it verified at share keys (fresh keys each member drew at
+    setup), the server from the list it sent: no number the server picks alone. (The rotation is
+    not privacy randomness: the accounting holds for any orthogonal rotation, the seed only has to
+    be common, and independent of the data for the wrap-around bound.)
+    """
+    entries = sorted(zip(nodes, names, pk1s, pk2s, strict=True))
+    return digest("ddg-rotation", sum_digest, *(part for entry in entries for part in entry))
 
 
 def survivors_transcript(sum_digest: bytes, survivors: Sequence[int]) -> bytes:

@@ -24,9 +24,11 @@ from privacy.mechanisms import (
     DPSGD,
     Calibration,
     CentroidRelease,
+    DDGSum,
     GroupShare,
     Mechanism,
     NoPrivacy,
+    SecureDiscreteGaussianShare,
     SecureSumShare,
     WholeUpdate,
 )
@@ -156,12 +158,13 @@ class TrainConfig:
         return training_size(num_examples), epochs
 
     def mechanism(self, *, num_examples: int, delta: float, secure_floor: int | None = None,
-                  clustering: DPFedCRound | None = None) -> Mechanism:
+                  clustering: DPFedCRound | None = None, ddg: DDGSum | None = None) -> Mechanism:
         """The privacy mechanism this round runs (:mod:`privacy.mechanisms`): the one rule, for both sides.
 
         ``num_examples`` is the client's shard size n, ``delta`` its δ; ``secure_floor`` is r_min
         where the upload leaves only inside a secure sum (None: seen on its own); ``clustering``
-        is DP-FedC's section of a clustering round.
+        is DP-FedC's section of a clustering round; ``ddg`` the sum's parameters where the secure sum
+        carries distributed discrete Gaussian shares (``secure-aggregation = "secagg+ddg"``).
 
         Raises
         ------
@@ -189,6 +192,12 @@ class TrainConfig:
         if clustering is not None:
             planned = Calibration(clustering.planned_rounds or self.num_rounds, self.target_epsilon, self.calibration)
             return CentroidRelease(self.clip, self.noise_multiplier, planned)
+        if secure_floor is not None and ddg is not None:
+            if self.group_round:
+                raise ValueError("a GDPFed group's run is charged with amplification by sampling, which the "
+                                 "distributed discrete Gaussian's accounting does not offer under replace-one")
+            return SecureDiscreteGaussianShare(self.clip, self.noise_multiplier, noise_shares=self.noise_shares,
+                                               min_survivors=secure_floor, ddg=ddg)
         if self.group_round:
             if secure_floor is not None and secure_floor < self.noise_shares:  # σ_m needs all r_m shares
                 raise ValueError(f"a group sum released with {secure_floor} of its {self.noise_shares} noise shares "

@@ -29,7 +29,7 @@ def build_strategy(cfg: RunConfig) -> PrivacyAwareFedAvg:
         max_epsilon_ratio=cfg.max_epsilon_ratio,
         handshake_timeout=cfg.round_timeout,
         message_ttl=cfg.round_timeout,
-        secure_aggregation=cfg.secagg if cfg.secure_aggregation != "none" else None,
+        secure_aggregation=cfg.secagg.for_mode(cfg.secure_aggregation) if cfg.secure_aggregation != "none" else None,
         roster=Roster.load(cfg.roster) if cfg.roster else None,
         **entry.kwargs(cfg),
     )

@@ -241,9 +241,11 @@ def _guarantee(mode: str, account: ClientAccount, noise_shares: int, mechanism: 
         against = ("a server that follows the protocol (no roster authenticates the sum's members: a deviating "
                    "server could expose one update), other clients and observers of the model")
     elif secure:  # secure sums carry update-mode uploads only (config validation)
+        left = (f"the charge of {secure}-k noise shares" if mechanism is not None and mechanism.kind == "secure-ddg"
+                else f"sigma*sqrt(({secure}-k)/{noise_shares})")
         against = ("the server, even one that deviates from the protocol, and other clients, as long as no sum "
-                   f"member colludes with it (k colluding members who reveal their noise leave "
-                   f"sigma*sqrt(({secure}-k)/{noise_shares})), and observers of the model")
+                   f"member colludes with it (k colluding members who reveal their noise leave {left}), "
+                   "and observers of the model")
     else:
         against = "anyone who sees what it sends (the server, other clients, observers of the model)"
     return (f"(eps, delta)-DP of {unit} under replace-one (the dataset size is public), via {how}; "
@@ -402,6 +404,7 @@ def build_summary(
         "noise_shares": cfg.noise_shares,
         # who sees individual updates: the trust model every client's epsilon holds under
         "secure_aggregation": ({"protocol": "SecAgg (Bonawitz et al., malicious-server variant; ChaCha20 masks)",
+                                "mode": cfg.secure_aggregation,
                                 **cfg.secagg.model_dump(by_alias=True),
                                 "roster": bool(cfg.roster),
                                 "trust_model": "the server sees only sums of at least r_min updates"
@@ -490,7 +493,7 @@ def format_privacy_report(summary: RunSummary) -> str:
         "- every reply also carries the client's example count (public under replace-one), its budget, delta and",
         "  spent epsilon, and the mechanism's sigma, q and step count: functions of public figures only;",
         *_secure_lines(summary.get("secure_aggregation")),
-        "- floating-point attacks on the Gaussian sampler are not countered.",
+        _sampler_line(summary.get("secure_aggregation")),
         "",
         "'spent eps' is the client's own ledger (cumulative over all runs it took part in); 'server check' is",
         "recomputed by the server from the mechanism each accepted reply reported, after checking what it can",
@@ -504,12 +507,33 @@ def _secure_lines(secure: Any) -> list[str]:
     """The report's lines on who saw individual uploads."""
     if not isinstance(secure, dict):
         return ["- secure aggregation is not used: the server sees every upload, and each is charged on its own;"]
+    if secure.get("mode") == "secagg+ddg":  # the distributed discrete Gaussian (privacy/mechanisms/ddg.py)
+        return [
+            f"- secure aggregation ({secure['protocol']}, threshold {secure['threshold']}, r_min "
+            f"{secure['min-survivors'] or 'noise-shares'}, sums mod 2^{secure['bits']} of distributed discrete "
+            f"Gaussian shares): {secure['trust_model']};",
+            "  it cannot stop a malicious client from sending an out-of-bound input (only a gross one fails the sum's",
+            "  norm check); the released integer sum is exactly the mechanism accounted (nothing is quantised outside",
+            f"  it); a sum wraps around mod 2^{secure['bits']} with probability <= {secure['wrap-probability']:g} (a "
+            "utility event, stated per sum in rounds.jsonl);",
+            "  the round's wall time is not covered (exact sampling and conditional rounding take random time, the",
+            "  rounding's retries depend on the update's norm);",
+        ]
     return [
         f"- secure aggregation ({secure['protocol']}, threshold {secure['threshold']}, r_min "
         f"{secure['min-survivors'] or 'noise-shares'}, {secure['bits']} bits): {secure['trust_model']};",
         "  it cannot stop a malicious client from sending an unclipped update (only a gross one fails the sum's",
         "  norm check), and the quantisation before the sum is outside the accounting;",
     ]
+
+
+def _sampler_line(secure: Any) -> str:
+    """The report's line on the noise sampler's floating-point arithmetic (issue 39, item 3)."""
+    if isinstance(secure, dict) and secure.get("mode") == "secagg+ddg":
+        return ("- the noise is exact: discrete Gaussian integers drawn with integer and rational arithmetic only "
+                "(Canonne, Kamath & Steinke 2020), so floating-point attacks on the sampler do not apply.")
+    return ("- floating-point attacks on the Gaussian sampler are not countered (float Gaussian noise; "
+            "secure-aggregation = \"secagg+ddg\" draws exact integer noise instead).")
 
 
 def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:

@@ -266,8 +266,9 @@ class PrivacyAwareFedAvg(FedAvg):
         cfg = TrainConfig.decode(record)
         clustering = DPFedCRound.decode(record) if cfg.task == keys.TASK_CLUSTERING else None
         floor = self.secure_min_survivors(cfg.noise_shares) if self.secure_aggregation is not None else None
+        ddg = self.sums.ddg_sum(server_round, account.node_id) if self.sums is not None else None
         return cfg.mechanism(num_examples=account.num_examples, delta=account.delta, secure_floor=floor,
-                             clustering=clustering)
+                             clustering=clustering, ddg=ddg)
 
     def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
         """What the server derives about this client's reply: its mechanism's σ (if fixed), q and steps."""
@@ -306,6 +307,10 @@ class PrivacyAwareFedAvg(FedAvg):
         """How this strategy's rounds are aggregated (one phrase)."""
         if self.secure_aggregation is None:
             return "plaintext replies"
+        secure = self.secure_aggregation
+        if secure.ddg:
+            return (f"secure sums of distributed discrete Gaussian shares (SecAgg+ mod 2^{secure.bits}, Shamir "
+                    f"threshold {secure.threshold:g} of the members)")
         return (f"secure sums (SecAgg+, {self.secure_aggregation.bits}-bit quantisation, Shamir threshold "
                 f"{self.secure_aggregation.threshold:g} of the members)")
 

@@ -9,7 +9,8 @@ subsets are disjoint, several per round, e.g. one per GDPFed budget group):
                  roster first: a member whose keys do not verify is left out, logged), answers
                  encrypted Shamir shares of its self-mask seed and pairwise secret key
     collect      the train message, with the shares addressed to the member; it trains, then
-                 answers its masked, quantised update
+                 answers its masked input: its quantised noisy update (``secagg+``), or its
+                 rotated, rounded update plus a discrete Gaussian share (``secagg+ddg``)
     consistency  (with a roster) every survivor gets the survivor set U3 and answers its signature
     unmask       every survivor gets the consistency signatures and answers its shares: the seed
                  share of each survivor, the key share of each member that dropped after sharing
@@ -19,7 +20,11 @@ Setup and share keys run in ``configure_train`` (:func:`open_sums`), collect is 
 train message (:func:`collect_messages`), consistency and unmask run in ``aggregate_train``
 (:func:`release_sums`). The client side is :mod:`client.secure_sum`, which checks every list it
 is sent (:mod:`client.secure_sum` says what and why); the arithmetic both share (quantisation,
-modulus, masks) is :mod:`privacy.secure_sum`. Every member is a neighbour of every other (the
+modulus, masks) is :mod:`privacy.secure_sum`, and the distributed discrete Gaussian's (encoding,
+rotation, decoding) :mod:`privacy.distributed_discrete_gaussian`. A ``secagg+ddg`` sum's input is one
+vector of d' = 2^⌈log₂ d⌉ integers mod 2^b; its rotation seed is a hash of the sum's digest and
+every keyed member's signed keys (:func:`protocol.secure_sum.rotation_seed`), which the server and
+each member compute from the same list. Every member is a neighbour of every other (the
 complete graph, Shamir threshold t): a coalition of the server and fewer than t members learns
 nothing about one member's input beyond the sum. The server never holds an individual unmasked
 update: it only adds masked vectors mod M before it removes the masks of the sum.
@@ -45,14 +50,15 @@ from flwr.common.secure_aggregation.quantization import dequantize
 from flwr.serverapp import Grid
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
+from privacy.distributed_discrete_gaussian import DDGParameters, decode
 from privacy.secure_sum import Quantisation, add_mod, mask, wire_dtype
 from protocol import keys
 from protocol.roster import Roster
-from protocol.secure_sum import SumParameters, keys_transcript
+from protocol.secure_sum import DDG, SumParameters, keys_transcript, rotation_seed
 from strategies.secagg_config import SECURE_AGGREGATION, SecureAggregation
 
-__all__ = ["SECURE_AGGREGATION", "SecureAggregation", "SumMember", "SumResult", "SumState", "check_sum",
-           "collect_messages", "masked_input", "open_sums", "release_sums"]
+__all__ = ["SECURE_AGGREGATION", "SecureAggregation", "SumMember", "SumResult", "SumState", "check_ddg_sum",
+           "check_sum", "collect_messages", "masked_input", "open_sums", "release_sums"]
 
 log = logging.getLogger("privet.strategy")
 
@@ -74,7 +80,8 @@ class SumState:
     index: int
     members: list[int]
     params: SumParameters
-    quantisation: Quantisation
+    clip_probability: float = 0.0  # the quantiser's (``secagg+``)
+    rotation_seed: bytes = b""  # ``secagg+ddg``: derived from the keys sent at share keys
     keyed: dict[int, SumMember] = field(default_factory=dict)  # answered setup (and verified)
     shared: list[int] = field(default_factory=list)  # members whose shares went out (share keys)
     forward: dict[int, tuple[list[int], list[bytes]]] = field(default_factory=dict)
@@ -85,6 +92,27 @@ class SumState:
     def threshold(self) -> int:
         """t, the Shamir threshold."""
         return self.params.threshold
+
+    @property
+    def modulus(self) -> int:
+        """M: inputs, masks and the sum live mod M."""
+        return self.params.modulus
+
+    @property
+    def ddg(self) -> DDGParameters | None:
+        """The distributed discrete Gaussian of a ``secagg+ddg`` sum (None: a quantised Gaussian one)."""
+        return self.params.ddg() if self.params.mode == DDG else None
+
+    @property
+    def quantisation(self) -> Quantisation:
+        """The quantisation of a ``secagg+`` sum."""
+        p = self.params
+        return Quantisation(p.clipping_range, p.levels, p.modulus, self.clip_probability)
+
+    def input_shapes(self, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The shapes of one member's masked input for a model of ``shapes``: the model's, or one vector of d'."""
+        ddg = self.ddg
+        return [tuple(s) for s in shapes] if ddg is None else [(ddg.padded_dim,)]
 
     @property
     def floor(self) -> int:
@@ -126,25 +154,24 @@ def _answers(grid: Grid, messages: list[Message], timeout: float) -> dict[int, C
     return out
 
 
-def open_sums(grid: Grid, groups: Sequence[Sequence[int]], quantisations: Sequence[Quantisation],
-              mechanisms: Sequence[tuple[float, float, int, int]], cfg: SecureAggregation, *, sum_ids: Sequence[str],
-              roster: Roster | None, timeout: float, ttl: float | None) -> list[SumState]:
+def open_sums(grid: Grid, groups: Sequence[Sequence[int]], parameters: Sequence[SumParameters],
+              cfg: SecureAggregation, *, roster: Roster | None, timeout: float, ttl: float | None,
+              abandoned: Sequence[str] = ()) -> list[SumState]:
     """Setup and share keys for every sum at once; returns the sums, some possibly abandoned.
 
-    Sum i has the members ``groups[i]``, the quantisation ``quantisations[i]`` and the mechanism
-    ``mechanisms[i] = (C, σ, m, r_min)``; ``sum_ids`` make every sum's signatures its own.
+    Sum i has the members ``groups[i]`` and the parameters ``parameters[i]`` (its id makes its
+    signatures its own); ``abandoned[i]``, where given and not empty, is why sum i cannot run at all.
     """
     sums = []
-    for i, (group, q, (clip, sigma, shares, r_min)) in enumerate(zip(groups, quantisations, mechanisms,
-                                                                      strict=True)):
+    for i, (group, params) in enumerate(zip(groups, parameters, strict=True)):
         members = sorted(group)
-        size = max(len(members), 2)  # a sum of one member is abandoned below; its parameters only need to exist
-        params = SumParameters(sum_ids[i], size, cfg.shamir_threshold(size), min(max(r_min, 1), size),
-                               float(q.clipping_range), q.levels, q.modulus, float(clip), float(sigma), int(shares))
-        state = SumState(i, members, params, q)
-        if len(members) < max(state.floor, r_min):
+        state = SumState(i, members, params, cfg.clip_probability)
+        if i < len(abandoned) and abandoned[i]:
+            state.abandoned = abandoned[i]
+            log.warning("secure sum %d abandoned: %s", i, state.abandoned)
+        elif len(members) < state.floor:
             state.abandoned = (f"{len(members)} members, fewer than max(threshold, min-survivors) = "
-                               f"{max(state.floor, r_min)}")
+                               f"{state.floor}")
         sums.append(state)
     setup = []
     for s in sums:
@@ -172,10 +199,13 @@ def open_sums(grid: Grid, groups: Sequence[Sequence[int]], quantisations: Sequen
         if _too_few(s, s.keyed, "answered the setup with keys that verify"):
             continue
         nodes = sorted(s.keyed)
+        names, pk1s, pk2s = ([s.keyed[n].client_id for n in nodes], [s.keyed[n].pk1 for n in nodes],
+                             [s.keyed[n].pk2 for n in nodes])
         record = {keys.SECAGG_STAGE: keys.STAGE_SHARE_KEYS, keys.SECAGG_SUM_ID: s.params.sum_id,
-                  keys.SECAGG_NODES: nodes, keys.SECAGG_NAMES: [s.keyed[n].client_id for n in nodes],
-                  keys.SECAGG_PK1S: [s.keyed[n].pk1 for n in nodes], keys.SECAGG_PK2S: [s.keyed[n].pk2 for n in nodes],
-                  keys.SECAGG_SIGNATURES: [s.keyed[n].signature for n in nodes]}
+                  keys.SECAGG_NODES: nodes, keys.SECAGG_NAMES: names, keys.SECAGG_PK1S: pk1s,
+                  keys.SECAGG_PK2S: pk2s, keys.SECAGG_SIGNATURES: [s.keyed[n].signature for n in nodes]}
+        if s.params.mode == DDG:  # what every member derives from the same list
+            s.rotation_seed = rotation_seed(digest, nodes, names, pk1s, pk2s)
         share += [_message(n, record, ttl) for n in nodes]
     shares_of = _answers(grid, share, timeout)
     for s in sums:
@@ -264,9 +294,9 @@ def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np
                                      f"min-survivors) = {s.floor}; not released")
             results[s.index] = SumResult(s.index, s.members, alive, None, reason)
             continue
-        total = [np.zeros(shape, np.int64) for shape in shapes]
+        total = [np.zeros(shape, np.int64) for shape in s.input_shapes(shapes)]
         for n in alive:
-            total = add_mod(total, inputs[n], s.quantisation.modulus)
+            total = add_mod(total, inputs[n], s.modulus)
         masked[s.index] = (total, alive)
     signatures: dict[int, dict[int, bytes]] = {i: {} for i in masked}
     if roster is not None:
@@ -296,7 +326,7 @@ def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np
 
 def _unmask(s: SumState, total: list[np.ndarray], alive: list[int], answers: dict[int, ConfigRecord],
             shapes: Sequence[tuple[int, ...]]) -> SumResult:
-    """Remove the self masks of the survivors and the pairwise masks of the dropouts."""
+    """Remove the self masks of the survivors and the pairwise masks of the dropouts, then decode the sum."""
     shares: dict[int, list[bytes]] = {n: [] for n in s.shared}
     for node in alive:
         rec = answers.get(node)
@@ -307,23 +337,30 @@ def _unmask(s: SumState, total: list[np.ndarray], alive: list[int], answers: dic
         for owner, share in zip(owners, values, strict=False):
             if owner in shares and isinstance(share, bytes):
                 shares[owner].append(share)
-    modulus = s.quantisation.modulus
+    modulus = s.modulus
+    input_shapes = s.input_shapes(shapes)
     try:
         for owner, owner_shares in shares.items():
             if len(owner_shares) < s.threshold:
                 raise ValueError(f"{len(owner_shares)} shares for node {owner}, fewer than the threshold {s.threshold}")
             secret = combine_shares(owner_shares[: s.threshold])
             if owner in alive:  # its self mask
-                total = add_mod(total, mask(secret, modulus, shapes), modulus, -1)
+                total = add_mod(total, mask(secret, modulus, input_shapes), modulus, -1)
                 continue
             for other in alive:  # a dropout: the pairwise masks the survivors added with it
                 pairwise = mask(generate_shared_key(bytes_to_private_key(secret),
-                                                    bytes_to_public_key(s.keyed[other].pk1)), modulus, shapes)
+                                                    bytes_to_public_key(s.keyed[other].pk1)), modulus, input_shapes)
                 total = add_mod(total, pairwise, modulus, 1 if owner > other else -1)
     except (ValueError, TypeError, KeyError) as exc:
         reason = f"cannot remove the masks ({exc}); not released"
         log.warning("secure sum %d: %s", s.index, reason)
         return SumResult(s.index, s.members, alive, None, reason)
+    ddg = s.ddg
+    if ddg is not None:  # lift to [−M/2, M/2), rotate back, divide by s; the model's shapes
+        flat = decode(total[0], ddg, s.rotation_seed)
+        sizes = np.cumsum([int(np.prod(shape, dtype=np.int64)) for shape in shapes])[:-1]
+        return SumResult(s.index, s.members, alive,
+                         [part.reshape(shape) for part, shape in zip(np.split(flat, sizes), shapes, strict=True)])
     q = s.quantisation
     real = dequantize(total, q.clipping_range, q.levels)  # Σ_i (q_i·step − c) + (k−1)·c was shifted once
     offset = (len(alive) - 1) * q.clipping_range
@@ -348,4 +385,30 @@ def check_sum(result: SumResult, clip: float, noise_std: float, step: float) -> 
     if norm > bound:
         return (f"the unmasked sum of {r} inputs has norm {norm:.4g}, above r·C + noise bound {bound:.4g}: "
                 "a member sent an unclipped update (secure aggregation cannot stop a malicious client)")
+    return None
+
+
+def check_ddg_sum(result: SumResult, params: DDGParameters) -> str | None:
+    """:func:`check_sum` for a ``secagg+ddg`` sum: ‖Σ‖ ≤ (r·B + σ√r·(√d' + 10))/s.
+
+    In integer units the lifted sum of r members is Σ x̃_i (each ‖x̃_i‖ ≤ B, enforced by honest
+    members) plus r·d' independent N_Z(0, σ²), each σ²-subgaussian (Canonne, Kamath & Steinke
+    2020): ‖noise‖ > σ√r·(√d' + 10) with probability below e^{−50} (Hsu, Kakade & Zhang 2012).
+    The decoded sum is that vector rotated back (orthogonal), truncated to d coordinates and
+    divided by s, so its norm is at most the lifted one's over s. An honest sum that wrapped
+    around (probability below the stated bound) may fail the check too: it is then not used.
+    """
+    if result.total is None:
+        return result.reason
+    if not all(np.isfinite(a).all() for a in result.total):
+        return "the unmasked sum is not finite"
+    r = len(result.survivors)
+    sigma = math.sqrt(float(params.local_sigma_sq))
+    bound = (r * math.sqrt(params.norm_bound_sq) + sigma * math.sqrt(r) * (math.sqrt(params.padded_dim) + 10.0)) \
+        / params.scale
+    norm = math.sqrt(sum(float(np.sum(np.square(a))) for a in result.total))
+    if norm > bound:
+        return (f"the unmasked sum of {r} inputs has norm {norm:.4g}, above (r·B + noise bound)/s = {bound:.4g}: "
+                "a member sent more than a clipped, rounded update, or the sum wrapped around mod 2^b "
+                "(secure aggregation cannot stop a malicious client)")
     return None

@@ -225,7 +225,7 @@ class Mechanism(ABC):
         cap = ledger.epsilon_budget if target <= 0 else min(ledger.epsilon_budget, before + target)
         rate, steps = self.workload
         total = steps * self.calibration.rounds
-        charged = noise_multiplier_for(cap, ledger.delta, rate, total, accountant=ledger.accountant,
+        charged = noise_multiplier_for(cap, ledger.delta, rate, total, accountant=ledger.conversion(self.ledger_mode),
                                        prior_history=list(ledger.history))
         if self.calibration.rule == "pfa-closed-form":  # the PFA authors' σ, never below the budget's
             charged = max(charged, pfa_closed_form_sigma(cap - before, ledger.delta, rate, total) * self.scale)

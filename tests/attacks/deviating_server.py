@@ -126,17 +126,24 @@ class Loot:
 
 
 def spy_on_quantisation(monkeypatch: Any, loot: Loot, grid_holder: list[InProcessGrid]) -> None:
-    """Record each client's quantised input (the ground truth the attacker tries to reach)."""
+    """Record each client's quantised input, or its discrete Gaussian integer vector in a ``secagg+ddg`` sum
+    (the ground truth the attacker tries to reach)."""
     import client.secure_sum as client_sum
 
-    real = client_sum.quantize
+    real, real_ddg = client_sum.quantize, client_sum._ddg_input
 
     def quantize(params: Any, clipping_range: float, target_range: int) -> Any:
         out = real(params, clipping_range, target_range)
         loot.truth[grid_holder[0].current] = [np.asarray(a, np.int64) for a in out]
         return out
 
+    def ddg_input(params: Any, content: Any) -> list[np.ndarray]:
+        out = real_ddg(params, content)
+        loot.truth[grid_holder[0].current] = [np.asarray(a, np.int64) for a in out]
+        return out
+
     monkeypatch.setattr(client_sum, "quantize", quantize)
+    monkeypatch.setattr(client_sum, "_ddg_input", ddg_input)
 
 
 class TrackingGrid(DeviatingGrid):

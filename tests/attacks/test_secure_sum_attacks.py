@@ -5,7 +5,9 @@ ServerApp sends (:mod:`tests.attacks.deviating_server`). Each attack is judged b
 can the attacker rebuild the target's quantised input bit for bit from what the clients sent it?
 With a roster (the operator's trust anchor) every attack is refused; without one, the guarantee
 holds against a server that follows the protocol only, and the same harness shows an attack that
-then succeeds (so a refusal above is the protocol's doing, not the harness's blindness).
+then succeeds (so a refusal above is the protocol's doing, not the harness's blindness). Every
+attack runs against both sum modes: quantised Gaussian shares (``secagg+``) and distributed
+discrete Gaussian shares (``secagg+ddg``), whose masked input is one integer vector.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from tests.attacks.deviating_server import Loot, secure_run, stage_of
 
 TARGET = FIRST_NODE_ID  # client "0"
 NODES = [FIRST_NODE_ID + i for i in range(4)]
+MODES = pytest.mark.parametrize("mode", ["secagg+", "secagg+ddg"])
 
 
-def _config(run_config_factory: Any, r_min: int = 2) -> dict[str, Any]:
+def _config(run_config_factory: Any, mode: str, r_min: int = 2) -> dict[str, Any]:
     cfg = run_config_factory(strategy="udp-fedavg", num_clients=4, noise_multiplier=4.0, noise_shares=4,
-                             epsilon_min=20, epsilon_max=30, secure_aggregation="secagg+", min_train_clients=4,
-                             num_server_rounds=1, **{"secagg.min-survivors": r_min, "secagg.threshold": 0.5})
+                             epsilon_min=20, epsilon_max=30, secure_aggregation=mode, min_train_clients=4,
+                             num_server_rounds=1, **{"secagg.min-survivors": r_min, "secagg.threshold": 0.5},
+                             **({"accountant": "rdp", "secagg.bits": 16} if mode == "secagg+ddg" else {}))
     return cast(dict[str, Any], cfg)
 
 
@@ -66,10 +70,11 @@ class SplitSurvivors:
                                 keys.SECAGG_SIGNATURES: [gathered[n][1] for n in signers]})
 
 
+@MODES
 def test_members_shown_different_survivor_sets_expose_nothing_with_a_roster(run_config_factory, monkeypatch,
-                                                                           tmp_path):
+                                                                           tmp_path, mode):
     loot = Loot()
-    loot, summary = secure_run(_config(run_config_factory), SplitSurvivors([loot]), monkeypatch, tmp_path / "roster",
+    loot, summary = secure_run(_config(run_config_factory, mode), SplitSurvivors([loot]), monkeypatch, tmp_path / "roster",
                                loot)
     assert not loot.exposed(TARGET)
     refused = {node: why for node, stage, why in loot.refusals if stage == keys.STAGE_UNMASK}
@@ -80,14 +85,16 @@ def test_members_shown_different_survivor_sets_expose_nothing_with_a_roster(run_
     assert not loot.key_shares.get(TARGET)  # nobody released the target's pairwise key
 
 
-def test_without_a_roster_the_same_split_exposes_the_target(run_config_factory, monkeypatch):
+@MODES
+def test_without_a_roster_the_same_split_exposes_the_target(run_config_factory, monkeypatch, mode):
     """The harness has power: with no trust anchor, a deviating server rebuilds one client's input."""
     loot = Loot()
-    loot, _ = secure_run(_config(run_config_factory), SplitSurvivors([loot]), monkeypatch, None, loot)
+    loot, _ = secure_run(_config(run_config_factory, mode), SplitSurvivors([loot]), monkeypatch, None, loot)
     assert loot.exposed(TARGET)
 
 
-def test_a_survivor_list_padded_with_duplicates_is_refused(run_config_factory, monkeypatch, tmp_path):
+@MODES
+def test_a_survivor_list_padded_with_duplicates_is_refused(run_config_factory, monkeypatch, tmp_path, mode):
     """Attack 2: [A, B, A, B] passes a count of r_min = 4; every member refuses it, nothing is unmasked."""
     def pad(node: int, msg: Message) -> Message | None:
         if stage_of(msg) in (keys.STAGE_CONSISTENCY, keys.STAGE_UNMASK):
@@ -95,14 +102,15 @@ def test_a_survivor_list_padded_with_duplicates_is_refused(run_config_factory, m
         return msg
 
     for roster in (tmp_path / "roster", None):
-        loot, summary = secure_run(_config(run_config_factory, r_min=4), pad, monkeypatch, roster)
+        loot, summary = secure_run(_config(run_config_factory, mode, r_min=4), pad, monkeypatch, roster)
         assert not loot.exposed(TARGET) and not loot.seed_shares and not loot.key_shares
         assert {n for n, _, why in loot.refusals if "twice" in why} == set(NODES)
         assert summary["failed_rounds"]  # no sum released, visibly
 
 
+@MODES
 def test_one_message_naming_the_target_alive_and_dropped_yields_one_share_per_member(run_config_factory,
-                                                                                     monkeypatch, tmp_path):
+                                                                                     monkeypatch, tmp_path, mode):
     """Attack 1: the client derives who dropped from what it signed itself; any 'dead' list is ignored."""
     def both(node: int, msg: Message) -> Message | None:
         if stage_of(msg) == keys.STAGE_UNMASK:
@@ -110,13 +118,15 @@ def test_one_message_naming_the_target_alive_and_dropped_yields_one_share_per_me
         return msg
 
     for roster in (tmp_path / "roster", None):
-        loot, summary = secure_run(_config(run_config_factory), both, monkeypatch, roster)
+        loot, summary = secure_run(_config(run_config_factory, mode), both, monkeypatch, roster)
         assert not loot.exposed(TARGET) and not loot.key_shares.get(TARGET)
         assert len(loot.seed_shares.get(TARGET, [])) == 4  # the honest sum went through
         assert not summary["failed_rounds"]
 
 
-def test_substituted_member_keys_are_caught_before_anything_is_shared(run_config_factory, monkeypatch, tmp_path):
+@MODES
+def test_substituted_member_keys_are_caught_before_anything_is_shared(run_config_factory, monkeypatch, tmp_path,
+                                                                      mode):
     """Attack 4: the server forwards its own keys as the other members'; the target checks them on the roster."""
     attacker = {n: generate_key_pairs() for n in NODES if n != TARGET}  # one key of its own per member
     loot = Loot()
@@ -139,7 +149,7 @@ def test_substituted_member_keys_are_caught_before_anything_is_shared(run_config
                 for n, k in zip(nodes, cast(list[bytes], record[keys.SECAGG_PK2S]))]
         return _rewrite(msg, **{keys.SECAGG_PK2S: pk2s})
 
-    loot, summary = secure_run(_config(run_config_factory), substitute, monkeypatch, tmp_path / "roster", loot)
+    loot, summary = secure_run(_config(run_config_factory, mode), substitute, monkeypatch, tmp_path / "roster", loot)
     refusal = [why for n, stage, why in loot.refusals if n == TARGET and stage == keys.STAGE_SHARE_KEYS]
     assert refusal and "not signed for this sum" in refusal[0] and "member" in refusal[0]
     assert TARGET not in loot.share_keys  # it encrypted nothing to the attacker's keys
@@ -148,7 +158,7 @@ def test_substituted_member_keys_are_caught_before_anything_is_shared(run_config
 
     # without a roster the substitution works: the attacker decrypts every share the target sent
     loot = Loot()
-    loot, _ = secure_run(_config(run_config_factory), substitute, monkeypatch, None, loot)
+    loot, _ = secure_run(_config(run_config_factory, mode), substitute, monkeypatch, None, loot)
     dsts, texts = loot.share_keys[TARGET]
     opened = [share_keys_plaintext_separate(decrypt(own(d), t)) for d, t in zip(dsts, texts)]
     assert len(opened) == len(dsts) == 3 and all(src == TARGET for src, *_ in opened)
