@@ -12,7 +12,8 @@ guarantees, both under the **replace-one** relation (the dataset size is public)
     Sample-level (ε, δ)-DP of the client's dataset w.r.t. replacing one example by
     another, via DP-SGD with Poisson sampling (rate q = 1/⌈n/B⌉), per-sample clipping to C
     and Gaussian noise σC per step (Abadi et al. 2016; Opacus for the per-sample
-    gradients, or their closed form for Linear-only models: :mod:`client.linear_dpsgd`).
+    gradients, or book-keeping clipping for models of Linear and Conv2d layers, which forms
+    the clipped sum without them: :mod:`client.bk_dpsgd`, :mod:`client.linear_dpsgd`).
     Every one of the ``epochs × ⌈n/B⌉`` steps (or τ = ``local-steps``) is taken and
     charged, an empty Poisson batch included (it releases noise only).
 ``update``
@@ -38,12 +39,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from client.bk_dpsgd import BookKeepingDPSGD
 from client.linear_dpsgd import LinearDPSGD
 from privacy.accountants import Step, import_opacus
 from privacy.mechanisms import dpsgd_expected_batch, dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.randomness import NoiseSource
 from tasks.datasets import ArrayDataset
-from tasks.models import LINEAR_MODE, get_weights, set_weights, train_plain
+from tasks.models import BK_MODE, LINEAR_MODE, get_weights, set_weights, train_plain
 
 # Opacus' ghost clipping backpropagates from the loss to module outputs on purpose, and
 # PyTorch warns about it on every step (60 times in the default run): not the user's business.
@@ -130,9 +132,10 @@ def train_dpsgd(
 ) -> tuple[dict[str, float], list[Step]]:
     """Sample-level DP-SGD; returns metrics and the steps to charge.
 
-    Opacus computes the per-sample gradients and clips them (``linear``: the closed form of
-    :mod:`client.linear_dpsgd`); the batches come from :func:`poisson_batches` and the noise
-    from ``noise``. Exactly ``epochs × ⌈n/B⌉`` steps (τ = ``cfg.steps`` when > 0) are taken at
+    Opacus computes the per-sample gradients and clips them (``bk``: book-keeping clipping,
+    :mod:`client.bk_dpsgd`; ``linear``: its Linear-only form, :mod:`client.linear_dpsgd`); the
+    batches come from :func:`poisson_batches` and the noise from ``noise``, drawn in the same
+    order in every mode. Exactly ``epochs × ⌈n/B⌉`` steps (τ = ``cfg.steps`` when > 0) are taken at
     q = 1/⌈n/B⌉ and charged as such, the same figures the round was planned and checked with.
     """
     n = len(data)
@@ -142,10 +145,11 @@ def train_dpsgd(
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones get no noise either
     optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
     batches = poisson_batches(n, rate, steps, noise)
-    if grad_sample_mode == LINEAR_MODE:
-        stepper = LinearDPSGD(model, clip=clip, noise_multiplier=noise_multiplier,
-                              expected_batch_size=dpsgd_expected_batch(n, cfg.batch_size), noise=noise)
-        losses = _linear_steps(model, optimizer, stepper, x_all, y_all, batches)
+    if grad_sample_mode in (LINEAR_MODE, BK_MODE):
+        kind = LinearDPSGD if grad_sample_mode == LINEAR_MODE else BookKeepingDPSGD
+        stepper = kind(model, clip=clip, noise_multiplier=noise_multiplier,
+                       expected_batch_size=dpsgd_expected_batch(n, cfg.batch_size), noise=noise)
+        losses = _book_keeping_steps(model, optimizer, stepper, x_all, y_all, batches)
     else:
         losses = _opacus_steps(model, optimizer, x_all, y_all, batches, cfg.batch_size, clip=clip,
                                noise_multiplier=noise_multiplier, noise=noise, grad_sample_mode=grad_sample_mode)
@@ -156,9 +160,9 @@ def train_dpsgd(
     return metrics, [(float(noise_multiplier), rate, steps)]
 
 
-def _linear_steps(model: nn.Module, optimizer: torch.optim.Optimizer, stepper: LinearDPSGD, x_all: torch.Tensor,
-                  y_all: torch.Tensor, batches: Iterator[np.ndarray]) -> list[float]:
-    """DP-SGD steps in closed form on the given batches; the loss of each non-empty one."""
+def _book_keeping_steps(model: nn.Module, optimizer: torch.optim.Optimizer, stepper: BookKeepingDPSGD,
+                        x_all: torch.Tensor, y_all: torch.Tensor, batches: Iterator[np.ndarray]) -> list[float]:
+    """DP-SGD steps by book-keeping clipping on the given batches; the loss of each non-empty one."""
     model.train()
     losses: list[float] = []
     for batch in batches:

@@ -7,20 +7,26 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["FASTEST_GRAD_SAMPLE_MODE", "GRAD_SAMPLE_MODES", "LINEAR_MODE", "LINEAR_MODELS", "MODELS",
-           "resolve_grad_sample_mode"]
+__all__ = ["BK_MODE", "BK_MODELS", "FASTEST_GRAD_SAMPLE_MODE", "GRAD_SAMPLE_MODES", "LINEAR_MODE", "LINEAR_MODELS",
+           "MODELS", "resolve_grad_sample_mode"]
 
 MODELS: Final = ("mlp2", "lenet5", "logreg", "cnn", "cnn2")
 
-#: How DP-SGD gets its clipped per-sample gradients: Opacus' three modes, privet's closed form
-#: for models made of Linear layers (``client/linear_dpsgd.py``), and ``auto``, the fastest
-#: measured for the model.
+#: How DP-SGD gets its clipped per-sample gradients: Opacus' three modes, privet's book-keeping
+#: clipping for models of Linear and Conv2d layers (``bk``, ``client/bk_dpsgd.py``), its special
+#: case for models of Linear layers only (``linear``, ``client/linear_dpsgd.py``), and ``auto``,
+#: the fastest measured for the model.
 LINEAR_MODE: Final = "linear"
-GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch", LINEAR_MODE)
+BK_MODE: Final = "bk"
+GRAD_SAMPLE_MODES: Final = ("auto", "hooks", "ghost", "functorch", LINEAR_MODE, BK_MODE)
 
 #: Models whose trainable parameters all sit in ``nn.Linear`` layers (``linear`` applies;
 #: a test checks this against the models themselves).
 LINEAR_MODELS: Final = ("mlp2", "logreg")
+
+#: Models whose trainable parameters all sit in ``nn.Linear`` and ``nn.Conv2d`` layers (``bk``
+#: applies; a test checks this against the models themselves).
+BK_MODELS: Final = MODELS
 
 #: The fastest mode per model where it is not ``ghost`` (benchmarks/results/dpsgd_step.md,
 #: batch 64, one thread, 4 interleaved passes): ``cnn`` hooks (1.98x a plain step vs ghost 2.18x
@@ -30,14 +36,19 @@ FASTEST_GRAD_SAMPLE_MODE: Final = {"cnn": "hooks", "logreg": LINEAR_MODE, "mlp2"
 
 
 def resolve_grad_sample_mode(mode: str, model: str) -> str:
-    """The per-sample-gradient mode to run: ``mode`` itself, or for ``auto`` the fastest
-    measured for ``model`` (:data:`FASTEST_GRAD_SAMPLE_MODE`, else ``ghost``).
+    """The per-sample-gradient mode to run: ``mode`` itself, or for ``auto`` the fastest measured.
 
-    Raises ValueError on an unknown mode, or ``linear`` for a model with other layers.
+    The fastest for ``model`` is :data:`FASTEST_GRAD_SAMPLE_MODE`'s entry, else ``ghost``.
+
+    Raises ValueError on an unknown mode, ``linear`` for a model with other layers than Linear,
+    or ``bk`` for one with other layers than Linear and Conv2d.
     """
     if mode not in GRAD_SAMPLE_MODES:
         raise ValueError(f"grad-sample-mode must be one of {', '.join(GRAD_SAMPLE_MODES)}; found {mode!r}")
     if mode == LINEAR_MODE and model not in LINEAR_MODELS:
         raise ValueError(f"grad-sample-mode 'linear' needs a model of Linear layers only ({', '.join(LINEAR_MODELS)}); "
+                         f"found model {model!r}: use 'auto', 'bk', 'ghost' or 'hooks'")
+    if mode == BK_MODE and model not in BK_MODELS:
+        raise ValueError(f"grad-sample-mode 'bk' needs a model of Linear and Conv2d layers ({', '.join(BK_MODELS)}); "
                          f"found model {model!r}: use 'auto', 'ghost' or 'hooks'")
     return FASTEST_GRAD_SAMPLE_MODE.get(model, "ghost") if mode == "auto" else mode

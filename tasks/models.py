@@ -2,8 +2,10 @@
 
 Every model returns logits (train with cross-entropy), has no BatchNorm and no buffers,
 so it passes ``opacus.validators.ModuleValidator.validate(model, strict=True)`` and works
-with Opacus' ``hooks`` and ``ghost`` grad-sample modes. Flatten sizes are computed from
-``input_shape``, so each model takes both ``1 x 28 x 28`` and ``3 x 32 x 32`` images.
+with Opacus' ``hooks`` and ``ghost`` grad-sample modes; every trainable layer is ``nn.Linear``
+or ``nn.Conv2d``, so privet's book-keeping clipping (``bk``) applies to all of them. Flatten
+sizes are computed from ``input_shape``, so each model takes both ``1 x 28 x 28`` and
+``3 x 32 x 32`` images.
 Parameter counts below are for ``1 x 28 x 28`` inputs and 10 classes unless stated.
 
 ======  ====================================  =========  ==================================
@@ -35,6 +37,8 @@ from torch import nn
 
 from tasks.datasets import ArrayDataset
 from tasks.model_names import (
+    BK_MODE,
+    BK_MODELS,
     FASTEST_GRAD_SAMPLE_MODE,
     GRAD_SAMPLE_MODES,
     LINEAR_MODE,

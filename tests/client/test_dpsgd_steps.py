@@ -42,7 +42,7 @@ def _data(n: int = 16) -> ArrayDataset:
                         rng.integers(0, 10, n).astype(np.int64), 10, "synthetic")
 
 
-@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch", "linear"])
+@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch", "linear", "bk"])
 def test_empty_batches_are_noise_only_steps_and_are_charged(mode):
     torch.manual_seed(0)
     model = build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0)
@@ -62,7 +62,7 @@ class AlwaysSampled(OSEntropyNoise):
         return np.zeros(size)
 
 
-@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch", "linear"])
+@pytest.mark.parametrize("mode", ["ghost", "hooks", "functorch", "linear", "bk"])
 @pytest.mark.parametrize("n, batch", [(196, 4), (392, 4), (16, 4), (30, 4)])
 def test_the_noisy_sum_is_divided_by_the_expected_batch_n_q(mode, n, batch):
     """One step without noise or clipping on a batch holding all n examples moves the weights by

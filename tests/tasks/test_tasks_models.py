@@ -199,9 +199,11 @@ def test_train_plain_reduces_loss_on_real_fmnist(name: str) -> None:
 def test_auto_grad_sample_mode_takes_the_table_and_only_modes_the_model_supports():
     """``auto`` resolves per model from the step benchmark's table (else ghost) to a mode that
     model can run; explicit modes pass through; ``linear`` is refused for a model with convolutions."""
+    from client.bk_dpsgd import supports_bk_dpsgd
     from client.linear_dpsgd import supports_linear_dpsgd
     from tasks.models import (
-        FASTEST_GRAD_SAMPLE_MODE, GRAD_SAMPLE_MODES, LINEAR_MODE, LINEAR_MODELS, MODELS, resolve_grad_sample_mode,
+        BK_MODE, BK_MODELS, FASTEST_GRAD_SAMPLE_MODE, GRAD_SAMPLE_MODES, LINEAR_MODE, LINEAR_MODELS, MODELS,
+        resolve_grad_sample_mode,
     )
 
     assert set(FASTEST_GRAD_SAMPLE_MODE) <= set(MODELS)
@@ -212,6 +214,9 @@ def test_auto_grad_sample_mode_takes_the_table_and_only_modes_the_model_supports
         linear = supports_linear_dpsgd(build_model(m, input_shape=(1, 28, 28), num_classes=10, seed=0))
         assert (m in LINEAR_MODELS) == linear
         assert chosen != LINEAR_MODE or linear
+        bk = supports_bk_dpsgd(build_model(m, input_shape=(1, 28, 28), num_classes=10, seed=0))
+        assert (m in BK_MODELS) == bk
+        assert chosen != BK_MODE or bk
     assert [resolve_grad_sample_mode(m, "mlp2") for m in GRAD_SAMPLE_MODES[1:]] == list(GRAD_SAMPLE_MODES[1:])
     with pytest.raises(ValueError, match="grad-sample-mode 'linear' needs a model of Linear layers only"):
         resolve_grad_sample_mode(LINEAR_MODE, "cnn")
