@@ -26,21 +26,32 @@ from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
 from tasks.models import build_model, get_weights, resolve_grad_sample_mode, set_weights
-from tasks.partition import client_data
+from tasks.partition import client_data, client_size
+
+
+def _partitioning(settings: RunSettings) -> dict[str, Any]:
+    """client_data's keywords, and the shard cache's identity."""
+    return {"method": settings.partitioner, "alpha": settings.dirichlet_alpha,
+            "shards_per_client": settings.shards_per_client, "seed": settings.seed,
+            "max_examples": settings.max_examples_per_client, "evaluation_split": settings.evaluation_split}
+
+
+def count_local_examples(profile: ClientProfile, settings: RunSettings) -> int:
+    """The size of this client's shard: counted from the partition where the data is in memory
+    (a simulation: no copy of the examples), else from the node's shard cache."""
+    data_dir = profile.data_dir or settings.data_dir or None
+    if not is_loaded(settings.dataset, data_dir):
+        return len(load_local_data(profile, settings)[0])
+    size = client_size(load_dataset(settings.dataset, data_dir), profile.partition_id, profile.num_partitions,
+                       **_partitioning(settings))
+    return min(size, profile.max_examples) if profile.max_examples is not None else size
 
 
 def load_local_data(profile: ClientProfile, settings: RunSettings) -> tuple[ArrayDataset, int]:
     """This client's training shard (and the dataset's class count), via the node's shard cache."""
     dataset = settings.dataset
     data_dir = profile.data_dir or settings.data_dir or None
-    partitioning: dict[str, Any] = {  # client_data's keywords, and the shard cache's identity
-        "method": settings.partitioner,
-        "alpha": settings.dirichlet_alpha,
-        "shards_per_client": settings.shards_per_client,
-        "seed": settings.seed,
-        "max_examples": settings.max_examples_per_client,
-        "evaluation_split": settings.evaluation_split,
-    }
+    partitioning = _partitioning(settings)
 
     def build() -> tuple[ArrayDataset, int]:
         splits = load_dataset(dataset, data_dir)
@@ -103,4 +114,4 @@ class ModelTask:
     @staticmethod
     def count(settings: RunSettings, profile: ClientProfile) -> int:
         """n for the handshake."""
-        return len(load_local_data(profile, settings)[0])
+        return count_local_examples(profile, settings)

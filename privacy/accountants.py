@@ -239,12 +239,24 @@ def epsilon_of(
     delta = check_delta(delta)
     accountant = check_choice("accountant", accountant, ACCOUNTANTS)
     relation = check_choice("relation", relation, RELATIONS)
-    steps = canonical_history(history)
-    if not steps:
+    return epsilon_of_valid(canonical_history(history), delta, accountant, relation)
+
+
+def epsilon_of_valid(steps: Sequence[Step], delta: float, accountant: str, relation: str = REPLACE_ONE) -> float:
+    """:func:`epsilon_of` on arguments validated at the edge (a ledger's history, a calibration's prior).
+
+    Validation happens once, where a value enters (the ledger's constructor and ``record``, the
+    public functions here); the inner loops (a calibration's bisection, a ledger's checks) call this.
+    """
+    merged: dict[tuple[float, float], int] = {}
+    for sigma, rate, count in steps:
+        if rate != 0.0 and count != 0:
+            merged[(sigma, rate)] = merged.get((sigma, rate), 0) + count
+    if not merged:
         return 0.0
-    if any(sigma == 0.0 for sigma, _, _ in steps):
+    if any(sigma == 0.0 for sigma, _ in merged):
         return math.inf
-    return _epsilon_cached(steps, delta, accountant, relation)
+    return _epsilon_cached(tuple((s, q, n) for (s, q), n in merged.items()), delta, accountant, relation)
 
 
 @lru_cache(maxsize=4096)

@@ -52,7 +52,7 @@ from privacy.accountants import (
     ACCOUNTANTS,
     REPLACE_ONE,
     Step,
-    epsilon_of,
+    epsilon_of_valid,
     exceeds_budget,
     merge_step,
 )
@@ -206,7 +206,7 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ accounting
     def spent(self) -> float:
         """Cumulative ε at ``delta`` of the whole history (an upper bound; 0 if empty)."""
-        return epsilon_of(self.history, self.delta, self.conversion())
+        return epsilon_of_valid(self.history, self.delta, self.conversion())
 
     def conversion(self, mode: str | None = None) -> str:
         """The accountant the history converts with (once a release of ``mode`` is added, if given).
@@ -248,7 +248,7 @@ class PrivacyLedger:
         calibrated in one piece and the same plan recorded round by round.
         """
         step = check_release(noise_multiplier, sample_rate, steps)
-        projected = epsilon_of([*self.history, step], self.delta, self.conversion())
+        projected = epsilon_of_valid([*self.history, step], self.delta, self.conversion())
         return exceeds_budget(projected, self.epsilon_budget)
 
     def would_exceed_release(self, charges: Sequence[Step], run_id: int, mode: str | None = None) -> bool:
@@ -258,7 +258,7 @@ class PrivacyLedger:
         """
         if not charges:
             return False
-        projected = epsilon_of([*self.history, *charges], self.delta, self.conversion(mode))
+        projected = epsilon_of_valid([*self.history, *charges], self.delta, self.conversion(mode))
         return exceeds_budget(projected, self.limit(run_id))
 
     def record(
@@ -298,7 +298,7 @@ class PrivacyLedger:
             unchanged.
         """
         if charges:
-            projected = epsilon_of([*self.history, *charges], self.delta, self.conversion(mode))
+            projected = epsilon_of_valid([*self.history, *charges], self.delta, self.conversion(mode))
             limit = self.limit(run_id)
             if exceeds_budget(projected, limit):
                 what = "budget" if limit == self.epsilon_budget else f"run {run_id}'s cap"

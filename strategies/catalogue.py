@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from protocol import keys
-from strategies import dpfedc_config, gdpfed_config
 
 if TYPE_CHECKING:
     from strategies.base import PrivacyAwareFedAvg
@@ -141,12 +140,28 @@ def _dpfedc_params(cfg: Any) -> dict[str, Any]:
     return strategy_params(cfg)
 
 
+# the methods' cross-checks, imported when a config is validated (the help needs none of them)
+def _dpfedc_check(cfg: Any) -> None:
+    from strategies.dpfedc_config import check
+    check(cfg)
+
+
+def _dpfedc_nominal(cfg: Any) -> bool:
+    from strategies.dpfedc_config import calibrates_without_budget
+    return calibrates_without_budget(cfg)
+
+
+def _gdpfed_check(cfg: Any) -> None:
+    from strategies.gdpfed_config import check
+    check(cfg)
+
+
 def _gdpfed(variant: str, summary: str) -> StrategyEntry:
     def load() -> StrategyClass:
         from strategies.gdpfed import GDPFED_STRATEGIES
         return GDPFED_STRATEGIES[variant]
 
-    return StrategyEntry(load, keys.DP_UPDATE, "gdpfed", summary, check=gdpfed_config.check, sums_only=True,
+    return StrategyEntry(load, keys.DP_UPDATE, "gdpfed", summary, check=_gdpfed_check, sums_only=True,
                          group_sums=True)
 
 
@@ -174,9 +189,8 @@ CATALOGUE: Final[dict[str, StrategyEntry]] = {
     "idp-fedavg-sample": _gdpfed("idp-fedavg-sample", "IDP-FedAvg (Sample): per-group sampling, one common sigma"),
     "pfa-groups": _gdpfed("pfa-groups", "PFA on GDPFed's budget groups (group sums only)"),
     "dpfedc": StrategyEntry(_dpfedc, keys.DP_UPDATE, "dpfedc", "DP-FedC: private federated clustering",
-                            params=_dpfedc_params, check=dpfedc_config.check, takes_local_steps=False,
-                            task=keys.TASK_CLUSTERING,
-                            calibrates_without_budget=dpfedc_config.calibrates_without_budget),
+                            params=_dpfedc_params, check=_dpfedc_check, takes_local_steps=False,
+                            task=keys.TASK_CLUSTERING, calibrates_without_budget=_dpfedc_nominal),
 }
 
 #: the strategies that compose with secure aggregation

@@ -329,6 +329,16 @@ def client_data(
     return splits.train.subset(pool[indices])
 
 
+def client_size(splits: DatasetSplits, partition_id: int, num_partitions: int, *, method: str = "iid",
+                alpha: float = 0.5, shards_per_client: int = 2, seed: int = 42, max_examples: int = 0,
+                evaluation_split: str = "test") -> int:
+    """``len(client_data(...))`` without copying the examples (the budget handshake's count)."""
+    pool = training_pool(splits, evaluation_split)
+    size = len(partition_indices(splits.train.y[pool], num_partitions, partition_id, method=method, alpha=alpha,
+                                 shards_per_client=shards_per_client, seed=seed))
+    return min(size, max_examples) if max_examples > 0 else size
+
+
 def clear_cache() -> None:
     """Forget every partitioner built so far in this process."""
     with _lock:

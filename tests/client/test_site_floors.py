@@ -53,3 +53,18 @@ def test_a_bad_floor_in_a_node_config_is_one_line_naming_the_key(key, value):
 def test_the_default_floor_protects_a_sum_of_one():
     assert SiteFloors().min_sum_size == 2 and SiteFloors.from_node_config({}).refusal(
         charged_sigma=0.1, release_epsilon=100.0, releases_in_run=10_000) is None
+
+
+@pytest.mark.parametrize("extra", [{}, {"partitioner": "dirichlet"}, {"partitioner": "shards"},
+                                   {"max-examples-per-client": 50}, {"evaluation-split": "validation"}])
+def test_the_handshake_counts_the_shard_it_would_train_on_without_building_it(extra):
+    """The handshake's count (from the partition's indices) equals the length of the shard itself."""
+    from client.model_task import count_local_examples, load_local_data
+    from client.profile import resolve_profile
+    from protocol.run_settings import RunSettings
+
+    run = {"seed": 3, **extra}
+    for pid in (0, 7):
+        profile = resolve_profile({"partition-id": pid, "num-partitions": 10}, run)
+        settings = RunSettings.of(run)
+        assert count_local_examples(profile, settings) == len(load_local_data(profile, settings)[0])

@@ -168,8 +168,8 @@ def test_a_repeated_calibration_costs_no_accountant_evaluation(monkeypatch):
     import privacy.calibration as calibration
 
     calls = []
-    real = calibration.epsilon_of
-    monkeypatch.setattr(calibration, "epsilon_of", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = calibration.epsilon_of_valid
+    monkeypatch.setattr(calibration, "epsilon_of_valid", lambda *a, **k: calls.append(1) or real(*a, **k))
     calibration._calibrated.cache_clear()
     first = noise_multiplier_for(2.0, 1e-5, 0.02, 500, accountant="rdp", prior_history=[(1.5, 0.02, 100)])
     searched = len(calls)
