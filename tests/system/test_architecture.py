@@ -159,3 +159,32 @@ def test_a_clientapp_process_imports_opacus_only_when_a_message_needs_it():
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, literal) of every comparison with one of ``names`` as a string literal."""
+    return [(node.lineno, side.value) for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+            for side in (node.left, *node.comparators) if isinstance(side, ast.Constant) and side.value in names]
+
+
+def _compared_names() -> set[str]:
+    from strategies.catalogue import CATALOGUE
+
+    return {*CATALOGUE, "dpsgd", "update"}
+
+
+def test_no_strategy_or_mode_name_is_compared_outside_the_catalogue_and_the_mechanisms():
+    """A strategy's name means something only in its catalogue entry, a mode's only in its mechanism:
+    no module compares a value with a strategy-name or mode-name string literal elsewhere (a
+    ``cfg.strategy == "dpfedc"`` ladder is how every mechanism once became a branch somewhere else)."""
+    names = _compared_names()
+    found = [f"{name}:{line} {value!r}" for name, path in MODULES.items()
+             if name != "strategies.catalogue" and not name.startswith("privacy.mechanisms")
+             for line, value in _name_comparisons(path.read_text(), names)]
+    assert not found, found
+
+
+def test_the_comparison_checker_sees_a_ladder():
+    """The check itself finds a literal ladder (so a pass above means something)."""
+    assert _name_comparisons('if cfg.strategy == "dpfedc" or mode != "update":\n    pass\n',
+                             _compared_names()) == [(1, "dpfedc"), (1, "update")]
