@@ -2,7 +2,15 @@
 
 Server (strategies, server app) and clients (client app) import these names; no string
 literal for a wire key is repeated anywhere else. Keys are kebab-case like Flower's
-run config.
+run config. Grouped by what they are:
+
+1. records of a message, and message sub-actions;
+2. the train config every round carries, then each method's section of it (PFA+,
+   personalization, GDPFed, DP-FedC);
+3. metrics of replies, and of the server's aggregated round;
+4. node-config keys a site's operator sets;
+5. reply metadata; DP modes and tasks; error-reason prefixes;
+6. the secure-sum stages.
 """
 
 from __future__ import annotations
@@ -46,6 +54,48 @@ UPLOAD_FORMAT: Final = "upload-format"  # "full" | "coordinates"
 TASK: Final = "task"  # what the client works on: TASK_MODEL | TASK_CLUSTERING
 TASK_MODEL: Final = "model"
 TASK_CLUSTERING: Final = "clustering"
+
+# --- the train config's PFA+ section --------------------------------------------------
+# A train request to a private PFA+ client carries, besides "arrays" (the global model,
+# which the client loads), a second ArrayRecord with the previous round's subspace:
+# "basis/<layer>" (d × k) and, when centred, "center/<layer>" (d,) per model array.
+PFA_BASIS_RECORD: Final = "pfa-basis"
+PROJECTION_CENTER_PREFIX: Final = "center/"
+UPLOAD_FULL: Final = "full"  # value of UPLOAD_FORMAT: the whole model (the default)
+UPLOAD_COORDINATES: Final = "coordinates"  # value of UPLOAD_FORMAT: k values per layer
+
+# --- the train config's personalization section (PPSGD / CENTAUR) ------------------
+# Train/evaluate config: which personal part the client keeps in its context.state and
+# never uploads. Absent or "" = no personalization.
+PERSONALIZATION: Final = "personalization"
+PERSONALIZATION_ADDITIVE: Final = "additive"  # PPSGD: predict with u + v_k
+PERSONALIZATION_HEAD: Final = "head"  # CENTAUR: shared body, local head
+PERSONALIZATION_SCHEMES: Final = (PERSONALIZATION_ADDITIVE, PERSONALIZATION_HEAD)
+PERSONAL_LR_SCALE: Final = "personal-lr-scale"  # PPSGD's α: v_k steps with α × the lr
+HEAD_EPOCHS: Final = "head-epochs"  # CENTAUR: epochs on the local head before the body
+
+# --- the train config's GDPFed section ---------------------------------------------
+# A train request from a GDPFed-family strategy carries the group's whole-run mechanism:
+# σ_m (NOISE_MULTIPLIER), r_m (NOISE_SHARES: the client adds N(0, C²σ_m²/r_m)), q_m and
+# T (NUM_ROUNDS). The client charges (σ_m, q_m, T) to its ledger once per run (first
+# participation) and reports GROUP_SAMPLE_RATE as its SAMPLE_RATE and T as LOCAL_STEPS.
+GROUP_INDEX: Final = "gdpfed-group"  # 1-based group index m
+GROUP_SAMPLE_RATE: Final = "gdpfed-sample-rate"  # q_m; its presence marks a group round
+LR_DECAY: Final = "lr-decay"  # η_t = η·decay^(t−1) per round (1.0: none)
+# --- the train config's DP-FedC section (the clustering task) -----------------------
+DPFEDC_K: Final = "dpfedc-k"  # number of clusters
+DPFEDC_RHO: Final = "dpfedc-rho"
+DPFEDC_MU_H: Final = "dpfedc-mu-h"
+DPFEDC_Q1: Final = "dpfedc-q1"  # H steps per round
+DPFEDC_Q2: Final = "dpfedc-q2"  # W steps per round (0: floor(q_hat/t)+1)
+DPFEDC_Q_HAT: Final = "dpfedc-q-hat"
+DPFEDC_H_STEP: Final = "dpfedc-h-step"  # "safe" | "paper"
+DPFEDC_ALPHA2: Final = "dpfedc-alpha2"
+DPFEDC_CALIBRATION: Final = "dpfedc-calibration"  # "rigorous" | "paper" | "none"
+DPFEDC_EPSILON_BAR: Final = "dpfedc-epsilon-bar"  # the paper's nominal total epsilon
+DPFEDC_GRAD_CLIP: Final = "dpfedc-grad-clip"  # G, per-minibatch gradient bound (0: none)
+DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
+DPFEDC_PLANNED_ROUNDS: Final = "dpfedc-planned-rounds"  # rounds a rigorous client plans its noise for (0: all)
 
 # --- metric keys in train / evaluate / query replies -----------------------------
 NUM_EXAMPLES: Final = "num-examples"
@@ -124,49 +174,6 @@ SITE_FLOOR: Final = "site-floor"
 #: Error-reason prefix of a train message refused because it outlived its time-to-live
 #: (the round it belongs to is over): nothing was trained or charged.
 STALE_MESSAGE: Final = "stale-message"
-
-# --- PFA+ (appended) -------------------------------------------------------------
-# A train request to a private PFA+ client carries, besides "arrays" (the global model,
-# which the client loads), a second ArrayRecord with the previous round's subspace:
-# "basis/<layer>" (d × k) and, when centred, "center/<layer>" (d,) per model array.
-PFA_BASIS_RECORD: Final = "pfa-basis"
-PROJECTION_CENTER_PREFIX: Final = "center/"
-UPLOAD_FULL: Final = "full"  # value of UPLOAD_FORMAT: the whole model (the default)
-UPLOAD_COORDINATES: Final = "coordinates"  # value of UPLOAD_FORMAT: k values per layer
-
-# --- personalized baselines PPSGD / CENTAUR (appended) -----------------------------
-# Train/evaluate config: which personal part the client keeps in its context.state and
-# never uploads. Absent or "" = no personalization.
-PERSONALIZATION: Final = "personalization"
-PERSONALIZATION_ADDITIVE: Final = "additive"  # PPSGD: predict with u + v_k
-PERSONALIZATION_HEAD: Final = "head"  # CENTAUR: shared body, local head
-PERSONALIZATION_SCHEMES: Final = (PERSONALIZATION_ADDITIVE, PERSONALIZATION_HEAD)
-PERSONAL_LR_SCALE: Final = "personal-lr-scale"  # PPSGD's α: v_k steps with α × the lr
-HEAD_EPOCHS: Final = "head-epochs"  # CENTAUR: epochs on the local head before the body
-
-# --- GDPFed / GDPFed+ (appended) ---------------------------------------------------
-# A train request from a GDPFed-family strategy carries the group's whole-run mechanism:
-# σ_m (NOISE_MULTIPLIER), r_m (NOISE_SHARES: the client adds N(0, C²σ_m²/r_m)), q_m and
-# T (NUM_ROUNDS). The client charges (σ_m, q_m, T) to its ledger once per run (first
-# participation) and reports GROUP_SAMPLE_RATE as its SAMPLE_RATE and T as LOCAL_STEPS.
-GROUP_INDEX: Final = "gdpfed-group"  # 1-based group index m
-GROUP_SAMPLE_RATE: Final = "gdpfed-sample-rate"  # q_m; its presence marks a group round
-LR_DECAY: Final = "lr-decay"  # η_t = η·decay^(t−1) per round (1.0: none)
-# >>> DP-FedC (issue 14): train-config keys of the clustering task >>>
-DPFEDC_K: Final = "dpfedc-k"  # number of clusters
-DPFEDC_RHO: Final = "dpfedc-rho"
-DPFEDC_MU_H: Final = "dpfedc-mu-h"
-DPFEDC_Q1: Final = "dpfedc-q1"  # H steps per round
-DPFEDC_Q2: Final = "dpfedc-q2"  # W steps per round (0: floor(q_hat/t)+1)
-DPFEDC_Q_HAT: Final = "dpfedc-q-hat"
-DPFEDC_H_STEP: Final = "dpfedc-h-step"  # "safe" | "paper"
-DPFEDC_ALPHA2: Final = "dpfedc-alpha2"
-DPFEDC_CALIBRATION: Final = "dpfedc-calibration"  # "rigorous" | "paper" | "none"
-DPFEDC_EPSILON_BAR: Final = "dpfedc-epsilon-bar"  # the paper's nominal total epsilon
-DPFEDC_GRAD_CLIP: Final = "dpfedc-grad-clip"  # G, per-minibatch gradient bound (0: none)
-DPFEDC_CLIENT_RATE: Final = "dpfedc-client-rate"  # p = K/N of the paper's (32)
-DPFEDC_PLANNED_ROUNDS: Final = "dpfedc-planned-rounds"  # rounds a rigorous client plans its noise for (0: all)
-# <<< DP-FedC <<<
 
 # --- secure sums (protocol.secure_sum, client.secure_sum, strategies.secure_sum) -----
 #: The record of a secure-sum stage in a train message and in its reply.
