@@ -1,7 +1,85 @@
-"""The composition root: what runs privet's ServerApp and ClientApp together.
+"""privet's public API: the strategies, the ClientApp and the train config, for your own Flower app.
 
-The `privet` CLI (:mod:`privet.cli`), the in-process Grid that the fast tests and quick runs
-use (:mod:`privet.inprocess`) and one-process simulations of a whole algorithm
-(:mod:`privet.dpfedc_simulation`) import both sides; `server/` and `client/` import neither
-each other nor this package.
+::
+
+    import privet
+
+    strategy = privet.strategy("gdpfed-plus", fraction_train=0.02)   # any name `privet run --help` lists
+    strategy = privet.FedAvgHDP(min_train_nodes=2, seed=0)            # or a class, Flower-style options
+    config = privet.TrainConfig(num_rounds=3, dp_mode="dpsgd", local_epochs=1, batch_size=64,
+                                learning_rate=0.05).encode()          # what privet's ClientApp reads
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3, train_config=config)
+
+and ``clientapp = "privet:client_app"`` in your app's ``[tool.flwr.app.components]``. Every strategy
+brings the budget handshake, budget-aware sampling, reply verification and each client's ε
+bookkeeping (``strategy.accounts``); privet's ClientApp trains within each node's own budget and
+refuses what would exceed it. Names load on first use, so ``import privet`` costs nothing.
+
+This package is also the composition root: the ``privet`` CLI (:mod:`privet.cli`), the in-process
+Grid of the fast tests and quick runs (:mod:`privet.inprocess`) and one-process simulations
+(:mod:`privet.dpfedc_simulation`) import both sides; ``server/`` and ``client/`` import neither each
+other nor this package.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["CENTAUR", "DPFedAvg", "DPFedC", "FedAvgHDP", "FedCEO", "GDPFed", "GDPFedOp", "GDPFedPlus",
+           "IDPFedAvgSample", "IDPFedAvgScale", "MaximumBudget", "MinimumBudget", "PFA", "PFAGroups", "PFAPlus",
+           "PPSGD", "PrivacyAwareFedAvg", "PrivacyLedger", "Roster", "TrainConfig", "UDPFedAvg", "WeiAvg",
+           "client_app", "strategy"]
+
+#: public name -> (module, attribute), imported on first use
+_LAZY = {
+    "PrivacyAwareFedAvg": ("strategies.base", "PrivacyAwareFedAvg"),
+    "FedAvgHDP": ("strategies.baselines", "FedAvgHDP"),
+    "UDPFedAvg": ("strategies.baselines", "UDPFedAvg"),
+    "MinimumBudget": ("strategies.baselines", "MinimumBudget"),
+    "MaximumBudget": ("strategies.baselines", "MaximumBudget"),
+    "WeiAvg": ("strategies.pfa", "WeiAvg"),
+    "PFA": ("strategies.pfa", "PFA"),
+    "PFAPlus": ("strategies.pfa", "PFAPlus"),
+    "FedCEO": ("strategies.fedceo", "FedCEO"),
+    "PPSGD": ("strategies.personalized", "PPSGD"),
+    "CENTAUR": ("strategies.personalized", "CENTAUR"),
+    "DPFedAvg": ("strategies.gdpfed", "DPFedAvg"),
+    "GDPFed": ("strategies.gdpfed", "GDPFed"),
+    "GDPFedOp": ("strategies.gdpfed", "GDPFedOp"),
+    "GDPFedPlus": ("strategies.gdpfed", "GDPFedPlus"),
+    "IDPFedAvgScale": ("strategies.gdpfed", "IDPFedAvgScale"),
+    "IDPFedAvgSample": ("strategies.gdpfed", "IDPFedAvgSample"),
+    "PFAGroups": ("strategies.gdpfed", "PFAGroups"),
+    "DPFedC": ("strategies.dpfedc", "DPFedC"),
+    "TrainConfig": ("protocol.train_config", "TrainConfig"),
+    "PrivacyLedger": ("privacy.ledger", "PrivacyLedger"),
+    "Roster": ("protocol.roster", "Roster"),
+    "client_app": ("client.app", "app"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'privet' has no attribute {name!r}")
+
+
+def strategy(name: str, **options: Any) -> Any:
+    """The strategy ``name`` (a catalogue entry: ``privet run --help`` lists them), ready to ``start``.
+
+    ``options`` are the strategy's keyword arguments (:class:`strategies.base.StrategyOptions`, and
+    ``params=`` for a method's own section); ``dp_mode`` defaults to the method's own mode.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, naming the allowed ones.
+    """
+    from strategies.catalogue import CATALOGUE
+
+    if name not in CATALOGUE:
+        raise ValueError(f"unknown strategy {name!r}; one of {', '.join(CATALOGUE)}")
+    entry = CATALOGUE[name]
+    return entry.cls(**{"dp_mode": entry.dp_mode, **options})

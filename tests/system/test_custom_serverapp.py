@@ -1,5 +1,5 @@
 """examples/custom-serverapp: a Flower app outside privet's layout (its own pyproject.toml
-and components) whose ServerApp imports ``strategies.baselines.FedAvgHDP`` and drives
+and components) whose ServerApp uses ``privet.strategy("fedavg-hdp")`` and drives
 privet's ClientApp. Runs in-process (``privet.inprocess.InProcessGrid``): no Ray, no gRPC.
 """
 

@@ -1,8 +1,8 @@
 """Someone else's ServerApp: its own model setup, evaluation and output, privet's strategy.
 
-``FedAvgHDP`` brings privet's budget handshake, budget-aware sampling, reply validation and
-per-client ε bookkeeping; everything else here is this app's own choice. The train config
-carries the keys privet's ClientApp reads (``protocol.keys``).
+privet's ``fedavg-hdp`` strategy brings the budget handshake, budget-aware sampling, reply
+verification and per-client ε bookkeeping; everything else here is this app's own choice. The
+train config is privet's typed ``TrainConfig``, what privet's ClientApp reads.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from protocol import keys
-from protocol.train_config import TrainConfig
-from strategies.baselines import FedAvgHDP
+import privet
 from tasks.models import build_model, get_weights, weight_names
 
 log = logging.getLogger("custom_app")
@@ -29,9 +27,9 @@ NUM_CLASSES = 10
 
 def train_config(rc: dict, num_rounds: int) -> ConfigRecord:
     """What privet's ClientApp needs to run one round of DP-SGD (typed: a bad value fails here)."""
-    return TrainConfig(
+    return privet.TrainConfig(
         num_rounds=num_rounds,
-        dp_mode=keys.DP_SGD,
+        dp_mode="dpsgd",
         clip=float(rc["clip"]),
         noise_multiplier=0.0,  # 0: every client calibrates σ to its own budget
         local_epochs=int(rc["local-epochs"]),
@@ -50,8 +48,8 @@ def main(grid: Grid, context: Context) -> None:
     model = build_model(str(rc["model"]), input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES, seed=0)
     initial = ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(model), get_weights(model))})
 
-    strategy = FedAvgHDP(dp_mode=keys.DP_SGD, seed=int(rc["seed"]),
-                         min_train_nodes=int(rc["min-nodes"]), min_available_nodes=int(rc["min-nodes"]))
+    strategy = privet.strategy("fedavg-hdp", seed=int(rc["seed"]), min_train_nodes=int(rc["min-nodes"]),
+                               min_available_nodes=int(rc["min-nodes"]))
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=num_rounds,
                             train_config=train_config(rc, num_rounds))
 
