@@ -259,12 +259,13 @@ def _identity(node_config: UserConfig, settings: RunSettings, simulated: bool,
             return None, None
         roster, key = settings.roster, str(simulated_key_path(settings.roster, client_id))
     else:
-        roster, key = node_config.get(NODE_ROSTER), node_config.get(NODE_SIGNING_KEY)
-        if not roster and not key:
+        given_roster, given_key = node_config.get(NODE_ROSTER), node_config.get(NODE_SIGNING_KEY)
+        if not given_roster and not given_key:
             return None, None
-        if not (roster and key):
+        if not (given_roster and given_key):
             raise ValueError(f"node-config needs both '{NODE_ROSTER}' and '{NODE_SIGNING_KEY}' (files the operator "
                              "generated with `privet roster generate`), or neither")
+        roster, key = str(given_roster), str(given_key)
     if not load_roster(str(roster)).holds(client_id, load_signing_key(str(key))):
         raise ValueError(f"the roster {roster!r} does not hold this site's signing key under client-id "
                          f"{client_id!r}: check 'client-id', '{NODE_ROSTER}' and '{NODE_SIGNING_KEY}'")

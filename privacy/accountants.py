@@ -136,7 +136,8 @@ def import_opacus() -> ModuleType:
         import opacus
     finally:
         root.removeHandler(placeholder)
-    return opacus
+    module: ModuleType = opacus
+    return module
 
 
 def _opacus_accountants() -> ModuleType:
@@ -149,7 +150,8 @@ def _opacus_accountants() -> ModuleType:
         raise ImportError(
             "privacy accounting needs Opacus; install it with `pip install opacus==1.6.0`"
         ) from exc
-    return opacus.accountants
+    accountants: ModuleType = opacus.accountants
+    return accountants
 
 
 def canonical_history(history: Iterable[Sequence[Any]]) -> tuple[Step, ...]:

@@ -76,7 +76,7 @@ def paper_delta(num_clients: int) -> float:
     """δ = n^-1.1 (the paper's default for n clients), e.g. 6.983e-5 for n = 6000."""
     if num_clients < 2:
         raise ValueError(f"num_clients must be >= 2 for delta = n^-1.1; found {num_clients}")
-    return float(num_clients) ** -1.1
+    return float(float(num_clients) ** -1.1)
 
 
 def group_noise_multipliers(

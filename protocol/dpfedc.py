@@ -48,7 +48,7 @@ class DPFedCConfig(BaseModel):
     planned_rounds: int = Field(0, ge=0)
 
     @classmethod
-    def from_run_config(cls, run_config: dict) -> DPFedCConfig:
+    def from_run_config(cls, run_config: dict[str, Any]) -> DPFedCConfig:
         """The section from Flower's flat run config (``dpfedc.*`` keys; absent = defaults)."""
         return cls.model_validate({k.split(".", 1)[1]: v for k, v in run_config.items() if k.startswith("dpfedc.")})
 

@@ -187,7 +187,7 @@ class Mechanism(ABC):
         return Release(sigma, rate, steps, ((self.charged(sigma), rate, steps),))
 
     def plan(self, ledger: PrivacyLedger, run_id: int) -> Release:
-        """This round's release against the client's ledger.
+        """The round's release, planned against the client's ledger.
 
         σ fixed by the server is taken as is (the charge follows from it). Otherwise σ is
         calibrated once per run: the smallest σ for which the ledger's history before the run

@@ -80,7 +80,7 @@ class DPSGD(Mechanism):
 
     @property
     def workload(self) -> tuple[float, int]:
-        """q = 1/⌈n/B⌉ and E·⌈n/B⌉ steps (or τ)."""
+        """The rate q = 1/⌈n/B⌉ and E·⌈n/B⌉ steps (or τ)."""
         return (dpsgd_sample_rate(self.num_examples, self.batch_size),
                 dpsgd_steps_per_round(self.num_examples, self.batch_size, self.epochs, self.local_steps))
 

@@ -49,7 +49,7 @@ class WholeUpdate(Mechanism):
 
     def privatize(self, received: list[np.ndarray], trained: list[np.ndarray], release: Release,
                   noise: NoiseSource) -> tuple[list[np.ndarray], dict[str, float]]:
-        """received + clip(trained − received, C) + N(0, σ²C²/m)."""
+        """The upload: received + clip(trained − received, C) + N(0, σ²C²/m)."""
         update = [t - r for t, r in zip(trained, received, strict=True)]
         noisy, diag = privatize_update(update, clip=self.clip, noise_multiplier=release.noise_multiplier,
                                        noise_shares=self.noise_shares, rng=noise)
