@@ -264,7 +264,7 @@ def run(s: Setting, eval_every: int = 5) -> dict[str, Any]:
                     for acc, u in zip(step, update, strict=True):
                         acc += u * (len(shards[c]) / total)
                     continue
-                from privacy.mechanisms import privatize_update  # type: ignore[attr-defined]  # moving (#36)
+                from privacy.mechanisms import privatize_update
 
                 noisy, _ = privatize_update(update, clip=plan.clip, noise_multiplier=plan.sigmas[m],
                                             noise_shares=plan.counts[m], rng=noise)
