@@ -8,8 +8,10 @@
 4. ``deploy/generate-certs.sh`` + ``deploy/compose.py 3`` and ``compose up``: a SuperLink
    with TLS, SuperNode authentication and a database on a volume, three SuperNodes with
    their own budgets and ledger volumes, and the one-shot key registration;
-5. a 2-round experiment with ``flwr run`` from this machine against the stack, checked with
-   ``flwr ls --format json`` and the run's summary.json copied out of the SuperLink;
+5. a 3-round experiment with ``flwr run`` from this machine against the stack, one site restarted
+   after round 1 and again after round 2 (it must keep the run's cap, ``run-epsilon``, stored with
+   its ledger), checked with ``flwr ls --format json``, the run's summary.json copied out of the
+   SuperLink and the restarted site's ledger;
 6. ``compose down -v``.
 
 The base image tarball and the wheelhouse are cached in ``$PRIVET_CACHE``
@@ -42,6 +44,8 @@ CACHE = Path(os.environ.get("PRIVET_CACHE", "/var/cache/privet-ci"))
 IMAGE = "privet:ci-test"
 DATA = Path(os.environ.get("PRIVET_DATA", "/usr/share/datasets/fashion-mnist"))
 BUDGETS = [1.0, 2.5, 6.0]
+ROUNDS = 3
+RUN_EPSILON = 0.6  # each site's cap for the run, below every budget
 #: the build context: the files the Dockerfile copies, and every package the wheel ships
 PACKAGES = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
     "packages"]
@@ -231,37 +235,42 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
                     return status
                 time.sleep(3)
 
-        # the run's second round meets a restart of supernode-1's container: the site comes back
-        # with its ledger volume and the run completes (its lost reply costs at most round-timeout)
+        # the run meets two restarts of supernode-1's container, after round 1 and after round 2: the
+        # site comes back with its ledger volume, continues the run under the cap it stored with the
+        # ledger (run-epsilon), and the run completes (a lost reply costs at most round-timeout)
         t = time.monotonic()
         link = _run([*dc, "ps", "-q", "superlink"], cwd=ctx, env=env).stdout.strip()
-        run_id = submit("ci", **{"round-timeout": 90.0})
-        deadline = time.monotonic() + 300
-        while '"round": 1' not in _run(["docker", "exec", link, "cat", "/var/lib/privet/results/ci/rounds.jsonl"],
-                                       check=False).stdout:
-            assert time.monotonic() < deadline, "round 1 never finished"
-            time.sleep(1)
-        _run([*dc, "restart", "supernode-1"], cwd=ctx, env=env, timeout=120)
+        run_id = submit("ci", **{"round-timeout": 90.0, "num-server-rounds": ROUNDS, "run-epsilon": RUN_EPSILON})
+        for after in (1, 2):
+            deadline = time.monotonic() + 300
+            while f'"round": {after}' not in _run(
+                    ["docker", "exec", link, "cat", "/var/lib/privet/results/ci/rounds.jsonl"], check=False).stdout:
+                assert time.monotonic() < deadline, f"round {after} never finished"
+                time.sleep(1)
+            _run([*dc, "restart", "supernode-1"], cwd=ctx, env=env, timeout=120)
         status = wait(run_id)
-        timings["2-round run (logreg, 256 examples/client), supernode-1 restarted after round 1"] = \
+        timings[f"{ROUNDS}-round run (logreg, 256 examples/client), supernode-1 restarted twice"] = \
             time.monotonic() - t
         assert status == "finished:completed", _run([*dc, "logs", "--tail", "60"], cwd=ctx, env=env).stdout
 
         _run(["docker", "cp", f"{link}:/var/lib/privet/results/ci/summary.json", str(tmp_path / "summary.json")])
         summary = json.loads((tmp_path / "summary.json").read_text())
-        assert summary["rounds_completed"] == 2 and summary["final_accuracy"] > 0.2
+        assert summary["rounds_completed"] == ROUNDS and summary["final_accuracy"] > 0.2
         by_id = {c["client_id"]: c for c in summary["clients"]}
         for i, eps in enumerate(BUDGETS):
             c = by_id[f"site-{i}"]
             assert c["epsilon_budget"] == eps and c["within_budget"]
-            assert c["rounds_joined"] == ([1, 2] if i != 1 else c["rounds_joined"]) and 1 in c["rounds_joined"]
+            assert 1 in c["rounds_joined"]
         # each SuperNode's ledger is on its own volume; its logs say what it did per round
         node = _run([*dc, "ps", "-q", "supernode-1"], cwd=ctx, env=env).stdout.strip()
         ledger = _run(["docker", "exec", node, "cat", "/var/lib/privet/ledgers/site-1.json"]).stdout
         assert json.loads(ledger)["history"]
-        restarted = PrivacyLedger.from_json(ledger)  # the volume kept every charge across the restart
+        restarted = PrivacyLedger.from_json(ledger)  # the volume kept every charge across both restarts
         assert restarted.spent() >= by_id["site-1"]["epsilon_spent"] * (1 - 1e-9)
         assert restarted.rounds_joined() >= len(by_id["site-1"]["rounds_joined"])
+        # the fresh ledger holds this run alone: two restarts never re-based the run's cap on it
+        assert restarted.spent() <= RUN_EPSILON * (1 + 1e-9), (restarted.spent(), RUN_EPSILON)
+        assert [plan.cap for plan in restarted.runs.values()] == [RUN_EPSILON]
         node_log = _run([*dc, "logs", "supernode-1"], cwd=ctx, env=env).stdout
         assert "client site-1 round 1 mode=dpsgd" in node_log
         # the Control API is the operator's alone: a SuperNode container reaches the Fleet API,
