@@ -16,6 +16,13 @@ and every upload is private on its own (local DP).
 Nothing here draws from numpy's global random state: noise takes an explicit source, a
 :class:`privacy.randomness.NoiseSource` (what clients use: entropy nobody else knows) or a
 ``np.random.Generator`` (seeded, for tests).
+
+**Floating point (issue 39).** The noise here is a float Gaussian added to a float update, so its
+low-order bits may carry information about the value it was added to (Mironov, CCS 2012, for the
+Laplace mechanism); nothing here counters that, and every report says so. The exact alternative is
+``secure-aggregation = "secagg+ddg"`` (:mod:`privacy.mechanisms.ddg`: integers, discrete Gaussian
+noise drawn in integer arithmetic); why the float paths keep the report's line instead of snapping
+is said there.
 """
 
 from __future__ import annotations
