@@ -23,6 +23,7 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context
 
+from client.ledger_split import refuse_split
 from client.profile import ClientProfile
 from privacy.ledger import PrivacyLedger
 
@@ -78,12 +79,16 @@ def ledger_lock(profile: ClientProfile, timeout: float = LOCK_TIMEOUT_S) -> Iter
 def load_ledger(profile: ClientProfile, context: Context, accountant: str) -> PrivacyLedger:
     """The client's ledger: the durable file if configured, else the node state, else new."""
     if profile.ledger_path:
-        return PrivacyLedger.load_or_create(
+        ledger = PrivacyLedger.load_or_create(
             profile.ledger_path,
             epsilon_budget=profile.epsilon_budget,
             delta=profile.delta,
             accountant=accountant,
         )
+        if STATE_KEY in context.state:  # this run's record: the file must hold it (client/ledger_split.py)
+            refuse_split(ledger, PrivacyLedger.from_json(str(context.state[STATE_KEY][_JSON])),
+                         profile.ledger_path, int(context.run_id))
+        return ledger
     if not profile.simulated:
         log.warning("client %s has no 'ledger-path' in its node config: its privacy budget is kept only "
                     "for this run and starts again at zero in the next one", profile.client_id)

@@ -69,7 +69,7 @@ def install() -> bool:
 
     module = importlib.import_module(BACKEND_MODULE)
     if not getattr(module.RayBackend, "privet_pool", False):
-        module.RayBackend = backend_class()
+        setattr(module, "RayBackend", backend_class())  # noqa: B010 - the name Flower's engine looks up
     return True
 
 
@@ -84,11 +84,16 @@ def backend_class() -> type:
 
         privet_pool = True
 
+        def actors(self) -> Any:
+            """Flower's ``BasicActorPool`` (built): ``pool`` (the idle actors), ``num_actors`` (alive)."""
+            assert self.pool is not None, "build() first"
+            return self.pool
+
         def build(self, app_fn: Callable[[], Any]) -> None:
             super().build(app_fn)
             self.idle = threading.Condition()
             self.lost = 0
-            log.info("Ray actor pool: %d ClientApp actors on the cluster's nodes", self.pool.num_actors)
+            log.info("Ray actor pool: %d ClientApp actors on the cluster's nodes", self.actors().num_actors)
 
         def process_message(self, message: Any, context: Any) -> tuple[Any, Any]:
             """Run the ClientApp for ``message`` on an idle live actor; a lost actor is retired.
@@ -123,24 +128,24 @@ def backend_class() -> type:
         def take(self) -> Any:
             """An idle actor, waiting for one while any is alive."""
             with self.idle:
-                while not self.pool.pool:
-                    if self.pool.num_actors <= 0:
+                while not self.actors().pool:
+                    if self.actors().num_actors <= 0:
                         raise NoActorLeft(f"every Ray actor of this run was lost ({self.lost} with their nodes); "
                                           "no client can be served")
                     self.idle.wait(timeout=1.0)
-                return self.pool.pool.pop()
+                return self.actors().pool.pop()
 
         def give_back(self, actor: Any) -> None:
             with self.idle:
-                self.pool.pool.append(actor)
+                self.actors().pool.append(actor)
                 self.idle.notify()
 
         def retire(self, actor: Any, exc: BaseException) -> None:
             """``actor`` is gone: out of the pool for good."""
             with self.idle:
-                self.pool.num_actors -= 1
+                self.actors().num_actors -= 1
                 self.lost += 1
-                left = self.pool.num_actors
+                left = self.actors().num_actors
                 self.idle.notify_all()
             log.warning("Ray actor %s was lost (%s: %s); it leaves the pool: %d actor(s) left on the nodes "
                         "still alive", actor._actor_id.hex()[:12], type(exc).__name__, _first_line(exc), left)

@@ -29,6 +29,7 @@ between the check and the pool's creation), and storage that stops being shared 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -132,7 +133,7 @@ def _probe_in_cluster(address: str, folder: Path) -> dict[str, Any]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
     try:
         token = secrets.token_hex(16)
         name = f"{PROBE_PREFIX}.{token[:12]}"
