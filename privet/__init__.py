@@ -6,6 +6,7 @@
 
     strategy = privet.strategy("gdpfed-plus", fraction_train=0.02)   # any name `privet run --help` lists
     strategy = privet.FedAvgHDP(min_train_nodes=2, seed=0)            # or a class, Flower-style options
+    arrays = privet.initial_arrays("cnn", input_shape=(1, 28, 28), num_classes=10, seed=0)
     config = privet.TrainConfig(num_rounds=3, dp_mode="dpsgd", local_epochs=1, batch_size=64,
                                 learning_rate=0.05).encode()          # what privet's ClientApp reads
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3, train_config=config)
@@ -29,7 +30,7 @@ from typing import Any
 __all__ = ["CENTAUR", "DPFedAvg", "DPFedC", "FedAvgHDP", "FedCEO", "GDPFed", "GDPFedOp", "GDPFedPlus",
            "IDPFedAvgSample", "IDPFedAvgScale", "MaximumBudget", "MinimumBudget", "PFA", "PFAGroups", "PFAPlus",
            "PPSGD", "PrivacyAwareFedAvg", "PrivacyLedger", "Roster", "TrainConfig", "UDPFedAvg", "WeiAvg",
-           "client_app", "strategy"]
+           "client_app", "initial_arrays", "strategy"]
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
@@ -83,3 +84,18 @@ def strategy(name: str, **options: Any) -> Any:
         raise ValueError(f"unknown strategy {name!r}; one of {', '.join(CATALOGUE)}")
     entry = CATALOGUE[name]
     return entry.cls(**{"dp_mode": entry.dp_mode, **options})
+
+
+def initial_arrays(model: str, *, input_shape: tuple[int, ...], num_classes: int, seed: int = 0) -> Any:
+    """The initial weights of privet's ``model`` (``privet run --help`` lists them) as Flower's ``ArrayRecord``.
+
+    The names are the model's ``state_dict`` names, the ones privet's ClientApp loads; the same
+    ``seed`` gives the same weights.
+    """
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from tasks.models import build_model, get_weights, weight_names
+
+    net = build_model(model, input_shape=input_shape, num_classes=num_classes, seed=seed)
+    return ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(net), get_weights(net), strict=True)})

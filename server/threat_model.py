@@ -1,7 +1,7 @@
-"""Which adversary a run's guarantees hold against: the rows of the README's threat-model table.
+"""Which adversary a run's guarantees hold against: the README's threat-model table, in one place.
 
-Every run states its row in ``summary.json`` and the privacy report. The adversaries, from the
-weakest to the strongest:
+Every run states its row in ``summary.json`` and the privacy report; ``scripts/write_docs.py``
+writes :data:`CASES` into the README. The adversaries, from the weakest to the strongest:
 
 ``observer``
     Anyone who sees the trained models (and other clients, honest-but-curious).
@@ -13,31 +13,16 @@ weakest to the strongest:
 ``deviates-with-clients``
     A deviating server colluding with some clients (fewer than the secure sums' threshold).
 
-What holds, by mechanism (the tests that show it in brackets):
-
-* DP-SGD, and one clipped update with local noise, without secure sums: every release is charged
-  by the client that makes it, from figures it computes itself; no server message can make it
-  release more than its ledger charged (tests/attacks, tests/privacy/test_privacy_replace_one.py):
-  **deviates-with-clients**.
-* A secure sum with a roster: members authenticate each other's keys and agree on the survivors
-  before unmasking (tests/attacks/test_secure_sum_attacks.py): **deviates-with-clients**, up to
-  t − 1 colluding members (k of them who reveal their noise leave σ√((r_min − k)/m)).
-* A secure sum without a roster: **follows-protocol** (the same attacks then expose a member's
-  update: tests/attacks/test_secure_sum_attacks.py shows it).
-* GDPFed's groups: the charged ε assumes the sample is drawn as declared and kept from the
-  adversary (amplification by subsampling), so it holds against **observer**; against the server,
-  each release is the group sum's Gaussian mechanism without amplification, and a client never
-  makes more releases than the T it paid for, nor at another σ_m (tests/attacks/test_deviating_counts.py).
-* DP-FedC's rigorous release: as one clipped update (**deviates-with-clients**); its paper
-  calibration is a nominal figure (**observer**, and only nominally).
-* ``noise-source = "seeded"``: nothing against whoever knows the seed.
+A run's row is that of the first case of :data:`CASES` that applies to it
+(:func:`threat_model`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ROWS", "threat_model"]
+__all__ = ["CASES", "ROWS", "Case", "threat_model"]
 
 #: row -> the adversary, in words
 ROWS: dict[str, str] = {
@@ -49,23 +34,47 @@ ROWS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class Case:
+    """One kind of run, the strongest adversary its guarantees hold against, why, and the tests that show it."""
+
+    setting: str
+    row: str
+    why: str
+    tests: str
+
+
+#: from the most specific to the general: a run takes the first case that applies
+CASES: tuple[Case, ...] = (
+    Case("a non-private run", "", "a non-private run: no guarantee", ""),
+    Case('`noise-source = "seeded"`', "", "noise seeded from the run seed: no guarantee against whoever knows it",
+         "tests/privacy/test_randomness.py"),
+    Case("DP-FedC, `dpfedc.calibration = \"paper\"`", "observer",
+         "DP-FedC's paper calibration is a nominal figure (see its section)", "experiments/dpfedc/README.md"),
+    Case("GDPFed / GDPFed+ groups", "observer",
+         "GDPFed's charge assumes the sample is drawn as declared and kept from the adversary; against the server "
+         "each release is unamplified, and no client releases more than the T rounds it paid for, nor at another "
+         "sigma_m", "tests/attacks/test_deviating_counts.py"),
+    Case("secure sums without a roster", "follows-protocol",
+         "secure sums without a roster: nothing authenticates the members' keys or their agreement on the survivors",
+         "tests/attacks/test_secure_sum_attacks.py (the attacks expose an update)"),
+    Case("secure sums with a roster (`secagg+`, `secagg+ddg`)", "deviates-with-clients",
+         "every release is charged by the client that makes it; secure sums authenticated against the roster (up "
+         "to t - 1 colluding members; k who reveal their noise leave sigma*sqrt((r_min - k)/m))",
+         "tests/attacks/test_secure_sum_attacks.py"),
+    Case("DP-SGD, or one clipped update with local noise (no secure sums)", "deviates-with-clients",
+         "every release is charged by the client that makes it", "tests/attacks/, tests/client/test_run_cap.py"),
+)
+
+
+def _case(*, private: bool, secure: bool, roster: bool, group_sums: bool, nominal: bool, seeded: bool) -> Case:
+    applies = (not private, seeded, nominal, group_sums, secure and not roster, secure, True)
+    return next(case for case, hit in zip(CASES, applies, strict=True) if hit)
+
+
 def threat_model(*, private: bool, secure: bool, roster: bool, group_sums: bool, nominal: bool,
                  seeded: bool) -> dict[str, Any]:
     """The run's row and its sentence (``summary.json`` and the privacy report)."""
-    if not private:
-        row, why = "", "a non-private run: no guarantee"
-    elif seeded:
-        row, why = "", "noise seeded from the run seed: no guarantee against whoever knows it"
-    elif nominal:
-        row, why = "observer", "DP-FedC's paper calibration is a nominal figure (see its section)"
-    elif group_sums:
-        row, why = "observer", ("GDPFed's charge assumes the sample is drawn as declared and kept from the adversary; "
-                                "against the server each release is unamplified, and no client releases more than "
-                                "the T rounds it paid for")
-    elif secure and not roster:
-        row, why = "follows-protocol", ("secure sums without a roster: nothing authenticates the members' keys or "
-                                        "their agreement on the survivors")
-    else:
-        row, why = "deviates-with-clients", ("every release is charged by the client that makes it"
-                                             + ("; secure sums authenticated against the roster" if secure else ""))
-    return {"row": row, "holds_against": ROWS.get(row, "no one"), "why": why}
+    case = _case(private=private, secure=secure, roster=roster, group_sums=group_sums, nominal=nominal,
+                 seeded=seeded)
+    return {"row": case.row, "holds_against": ROWS.get(case.row, "no one"), "why": case.why}

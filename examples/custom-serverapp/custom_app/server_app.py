@@ -11,12 +11,10 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 import privet
-from tasks.models import build_model, get_weights, weight_names
 
 log = logging.getLogger("custom_app")
 app = ServerApp()
@@ -45,8 +43,7 @@ def train_config(rc: dict, num_rounds: int) -> ConfigRecord:
 def main(grid: Grid, context: Context) -> None:
     rc = dict(context.run_config)
     num_rounds = int(rc["num-server-rounds"])
-    model = build_model(str(rc["model"]), input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES, seed=0)
-    initial = ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(model), get_weights(model))})
+    initial = privet.initial_arrays(str(rc["model"]), input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES, seed=0)
 
     strategy = privet.strategy("fedavg-hdp", seed=int(rc["seed"]), min_train_nodes=int(rc["min-nodes"]),
                                min_available_nodes=int(rc["min-nodes"]))
