@@ -132,12 +132,15 @@ def report() -> str:
              "(seed 0; the test seeds' spread of a last-10 mean is about ±0.2 points, `fair/results.md`). Accuracy (%).",
              "", "| factor | run | final | last 10 rounds | gap to its UDP-FedAvg, last 10 (pp) |",
              "|---|---|---:|---:|---:|"]
-    udp = {"base": base.get(BASE[0][1])}
+    udp: dict[str, dict[str, Any]] = {}
+    if (udp_base := base.get(BASE[0][1])) is not None:
+        udp["base"] = udp_base
     for label, k in BASE:
         r = base.get(k)
         if r is None:
             continue
-        gap = "" if "UDP" in label else f"{100 * (r['last10_accuracy'] - udp['base']['last10_accuracy']):+.2f}"
+        gap = ("" if "UDP" in label or "base" not in udp
+               else f"{100 * (r['last10_accuracy'] - udp['base']['last10_accuracy']):+.2f}")
         lines.append(f"| base | {label} | {100 * r['final_accuracy']:.2f} | {100 * r['last10_accuracy']:.2f} | {gap} |")
     for factor, rows in FACTORS.items():
         for label, method, overrides in rows:
@@ -149,10 +152,10 @@ def report() -> str:
             if method == "udp-fedavg":
                 udp[factor] = r
             else:
-                ref = udp.get(factor, udp["base"])
+                ref = udp.get(factor, udp.get("base"))
             gap = (f"{100 * (r['last10_accuracy'] - ref['last10_accuracy']):+.2f}" if ref is not None
                    and method != "udp-fedavg" else "")
-            if factor == "headroom":
+            if factor == "headroom" and "base" in udp:
                 gap = f"{100 * (r['last10_accuracy'] - udp['base']['last10_accuracy']):+.2f} (no DP − UDP-FedAvg)"
             lines.append(f"| {factor} | {label} | {100 * r['final_accuracy']:.2f} | "
                          f"{100 * r['last10_accuracy']:.2f} | {gap} |")
