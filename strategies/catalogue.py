@@ -152,8 +152,10 @@ def _dpfedc_nominal(cfg: Any) -> bool:
 
 
 def _gdpfed_check(cfg: Any) -> None:
+    from strategies.gdpfed import check_plan
     from strategies.gdpfed_config import check
     check(cfg)
+    check_plan(cfg)
 
 
 def _gdpfed(variant: str, summary: str) -> StrategyEntry:

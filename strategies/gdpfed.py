@@ -57,6 +57,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from privacy.accountants import DEFAULT_ACCOUNTANT, Step
+from privacy.budgets import budgets_for
 from privacy.group_calibration import group_noise_multipliers, ledger_settings
 from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
@@ -475,3 +476,22 @@ GDPFED_STRATEGIES: dict[str, type[GDPFedStrategy]] = {
     cls.variant.name: cls
     for cls in (DPFedAvg, GDPFed, GDPFedOp, GDPFedPlus, IDPFedAvgScale, IDPFedAvgSample, PFAGroups)
 }
+
+
+def check_plan(cfg: Any) -> None:
+    """Plan the groups from the simulated budgets at start (GDPFed family in simulation).
+
+    An empty group, q_m|G_m| < 1 or an unreachable ε fails before the run naming its key (``cfg``: a
+    validated RunConfig, already through :func:`strategies.gdpfed_config.check`). It lives here, not
+    in :mod:`strategies.gdpfed_config`, because it needs :func:`plan_groups` and the variants, and
+    this module imports that one (#35: no import circle).
+    """
+    if cfg.budget_distribution == "none":
+        return
+    budgets = budgets_for(cfg.budget_distribution, cfg.num_clients, **cfg.budget_params)
+    variant = GDPFED_STRATEGIES[cfg.strategy].variant
+    if not variant.single_group and min(budgets) < cfg.gdpfed.group_epsilons[0] * (1 - 1e-9):
+        raise ValueError(f"'gdpfed.group-epsilons': the first threshold {cfg.gdpfed.group_epsilons[0]:g} is "
+                         f"above the smallest simulated budget {min(budgets):g}; those clients would be refused")
+    plan_groups(variant, cfg.gdpfed, [(e, cfg.delta) for e in budgets], cfg.num_server_rounds, cfg.clip,
+                lr=cfg.learning_rate, local_steps=cfg.local_steps or cfg.local_epochs, accountant=cfg.accountant)

@@ -112,21 +112,12 @@ class GDPFedConfig(BaseModel):
 
 
 def check(cfg: Any) -> None:
-    """GDPFed family in simulation: plan the groups from the simulated budgets now, so an empty group,
-    q_m|G_m| < 1 or an unreachable ε fails at start naming its key (``cfg``: a validated RunConfig)."""
+    """GDPFed family: the DP mode must be ``update`` (``cfg``: a validated RunConfig).
+
+    The group plan is checked next, by :func:`strategies.gdpfed.check_plan` (it needs the variants
+    and :func:`strategies.gdpfed.plan_groups`, which import this module).
+    """
     from protocol import keys
 
     if cfg.resolved_dp_mode != keys.DP_UPDATE:
         raise ValueError(f"'dp-mode' must be 'update' (or auto) for '{cfg.strategy}'")
-    if cfg.budget_distribution == "none":
-        return
-    from privacy.budgets import budgets_for
-    from strategies.gdpfed import GDPFED_STRATEGIES, plan_groups
-
-    budgets = budgets_for(cfg.budget_distribution, cfg.num_clients, **cfg.budget_params)
-    variant = GDPFED_STRATEGIES[cfg.strategy].variant
-    if not variant.single_group and min(budgets) < cfg.gdpfed.group_epsilons[0] * (1 - 1e-9):
-        raise ValueError(f"'gdpfed.group-epsilons': the first threshold {cfg.gdpfed.group_epsilons[0]:g} is "
-                         f"above the smallest simulated budget {min(budgets):g}; those clients would be refused")
-    plan_groups(variant, cfg.gdpfed, [(e, cfg.delta) for e in budgets], cfg.num_server_rounds, cfg.clip,
-                lr=cfg.learning_rate, local_steps=cfg.local_steps or cfg.local_epochs, accountant=cfg.accountant)

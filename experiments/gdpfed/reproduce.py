@@ -208,6 +208,20 @@ def sweep_table(name: str, rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def recorded(rows: list[dict[str, Any]], method: str, clients: int, rounds: int, seed: int,
+             extra: dict[str, Any]) -> bool:
+    """Whether ``rows`` hold this run as it would run now (same model and σ_m calibration)."""
+    cfg = run_config(method, clients, rounds, seed, Path("."), extra)
+    want = {"method": method, "model": cfg["model"], "calibration": f"{cfg['accountant']} replace-one"}
+    return any(r["method"] == method and r["clients"] == clients and r["rounds"] == rounds and r["seed"] == seed
+               and model_of(r) == want["model"] and calibration_of(r) == calibration_of(want)
+               and _extra(r) == _extra({"extra": extra}) for r in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen methods and seeds (unless ``--table-only``), then regenerate results.md."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -218,10 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], help="extra run-config key=value (JSON values)")
     parser.add_argument("--out", type=Path, default=HERE / "runs.jsonl")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--skip-recorded", action="store_true",
+                        help="skip a run whose (method, n, T, seed, model, calibration, extra) is already in --out "
+                        "(queue.sh: a stopped queue resumes where it was)")
     parser.add_argument("--sweep", choices=sorted(SWEEPS), help="run the non-default columns of Table 8, 9 or 10 "
                         "(methods default to dp-fedavg and gdpfed-plus, as in the paper)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("privet.server").setLevel(logging.INFO)  # one line per round: a queue's log shows progress
     import torch
 
     torch.set_num_threads(1)  # tiny models on a shared 2-core CPU: threads only contend (40x slower)
@@ -241,11 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for changes in runs:
                 for method in args.methods:
+                    if args.skip_recorded and recorded(_rows(args.out), method, args.clients, args.rounds, seed,
+                                                       changes):
+                        print(f"recorded already: {method} seed {seed} {changes or ''}", flush=True)
+                        continue
                     row = run_one(method, args.clients, args.rounds, seed, changes)
                     print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
                     with args.out.open("a") as fh:
                         fh.write(json.dumps(row) + "\n")
-    rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()] if args.out.exists() else []
+    rows = _rows(args.out)
     text = "\n\n".join([table(rows), *(sweep_table(name, rows) for name in SWEEPS)])
     (args.out.parent / "results.md").write_text(text + "\n")
     print(text)

@@ -283,7 +283,9 @@ def test_the_groups_follow_the_budget_ratio_and_scale():
 def _gdpfed_run(run_config_factory, strategy="gdpfed-plus", hook=None, **kw):
     base = {"strategy": strategy, "num-clients": 30, "budget-distribution": "groups", "num-server-rounds": 3,
             "max-examples-per-client": 32, "batch-size": 8, "local-epochs": 1, "gdpfed.q": 0.2}
-    cfg = run_config_factory(**{**base, **{k.replace("_", "-"): v for k, v in kw.items()}})
+    # Flower's run config holds scalars: a list travels as comma-separated text, as from pyproject or --run-config
+    cfg = run_config_factory(**{**base, **{k.replace("_", "-"): ", ".join(map(str, v)) if isinstance(v, list) else v
+                                           for k, v in kw.items()}})
     grid = InProcessGrid(client_app, simulation_node_configs(30), cfg, reply_hook=hook)
     return run_experiment(grid, cfg, run_id=1), grid
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GDPFed Table 2 at the paper's scale (n = 6000, T = 50, model cnn2, sigma_m by the run's accountant; #36),
+# one run at a time, each appended to experiments/gdpfed/runs.jsonl by reproduce.py (which also rewrites
+# results.md). A run already recorded is skipped, so a stopped queue resumes where it was; a run stopped
+# midway records nothing and runs again.
+#
+# Start (own process group, survives the shell; niced for the shared 2-core machine):
+#   setsid nohup nice -n 15 experiments/gdpfed/queue.sh > results/gdpfed-queue/queue.log 2>&1 &
+# Watch:  tail -f results/gdpfed-queue/queue.log results/gdpfed-queue/<method>-seed<k>.log
+# Stop:   kill -- -<pgid>   (pgid = the pid setsid gave queue.sh; ps -o pgid= -p <pid>)
+set -u
+cd "$(dirname "$0")/../.."
+LOGS=results/gdpfed-queue
+mkdir -p "$LOGS"
+QUEUE=(
+  "dp-fedavg 1" "gdpfed-plus 1" "fedavg 1"
+  "dp-fedavg 2" "gdpfed-plus 2" "fedavg 2"
+  "dp-fedavg 3" "gdpfed-plus 3" "fedavg 3"
+  "gdpfed 1" "idp-fedavg-sample 1" "gdpfed 2" "idp-fedavg-sample 2" "gdpfed 3" "idp-fedavg-sample 3"
+  "dp-fedavg 4" "gdpfed-plus 4" "fedavg 4"
+  "dp-fedavg 5" "gdpfed-plus 5" "fedavg 5"
+)
+for item in "${QUEUE[@]}"; do
+  read -r method seed <<< "$item"
+  echo "$(date -Is) start $method seed $seed"
+  .venv/bin/python experiments/gdpfed/reproduce.py --clients 6000 --rounds 50 --methods "$method" --seeds "$seed" \
+    --skip-recorded >> "$LOGS/$method-seed$seed.log" 2>&1
+  rc=$?
+  echo "$(date -Is) end $method seed $seed: exit $rc ($(grep -c '' experiments/gdpfed/runs.jsonl) rows)"
+done
+echo "$(date -Is) queue done"
