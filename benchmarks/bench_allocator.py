@@ -51,7 +51,7 @@ def main() -> None:
         for mode in ("plain", "hooks", "ghost"):
             d = [r[mode] * 1e3 for r in runs["0"]]
             t = [r[mode] * 1e3 for r in runs["1"]]
-            pairs = [b / a for a, b in zip(d, t)]
+            pairs = [b / a for a, b in zip(d, t, strict=True)]
             lines.append(f"| {model} | {mode} | {statistics.median(d):.2f} ({', '.join(f'{x:.1f}' for x in d)}) | "
                          f"{statistics.median(t):.2f} ({', '.join(f'{x:.1f}' for x in t)}) | "
                          f"{statistics.median(t) / statistics.median(d):.2f} ({min(pairs):.2f}-{max(pairs):.2f}) |")

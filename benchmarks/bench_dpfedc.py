@@ -53,8 +53,8 @@ def main() -> None:
     from client.dpfedc import RoundPrivacy, client_round
     from privacy.centroid_noise import privatize_centroids
     from privacy.randomness import SecureNoise
-    from strategies.layers import weighted_mean
     from strategies.dpfedc import plain_mean
+    from strategies.layers import weighted_mean
     from tasks.clustering import ClusteringParams, initial_memberships, initial_point
 
     torch.set_num_threads(1)

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from privacy.group_calibration import paper_delta  # noqa: E402
 from strategies.base import AcceptedReply  # noqa: E402
-from strategies.layers import weighted_mean  # noqa: E402
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig, plan_groups  # noqa: E402
 from strategies.gdpfed_math import optimal_sampling  # noqa: E402
+from strategies.layers import weighted_mean  # noqa: E402
 from tasks.models import build_model, get_weights  # noqa: E402
 
 

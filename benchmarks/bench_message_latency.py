@@ -52,9 +52,9 @@ def child(tree: Path, backend: str) -> float:
     out = Path(tempfile.mkdtemp(prefix=f"bench-latency-{backend}-"))
     cfg = {**WORKLOAD, "out-dir": str(out / "results")}
     if backend == "inprocess":
+        from client.app import app as client_app
         from privet.cli import app_defaults
         from privet.inprocess import InProcessGrid, simulation_node_configs
-        from client.app import app as client_app
         from server.app import run_experiment
 
         full = {**app_defaults(), **cfg}

@@ -108,9 +108,9 @@ def measure(
     updates: list[Any], eps: Any, public_mask: Any, k: int, repeats: int
 ) -> dict[str, float]:
     """Median seconds of every timed step for one model and one k."""
-    from strategies import pfa_projection as pfa
     from protocol import pfa_plus
     from strategies import layers
+    from strategies import pfa_projection as pfa
 
     public = [u for u, p in zip(updates, public_mask, strict=True) if p]
     private = [u for u, p in zip(updates, public_mask, strict=True) if not p]

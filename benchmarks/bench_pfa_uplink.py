@@ -61,10 +61,10 @@ def run_counted(model: str, strategy: str, args: argparse.Namespace, out_dir: st
     from flwr.common.serde import message_to_proto
 
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.cli import app_defaults
     from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
     from protocol import keys
+    from server.app import run_experiment
 
     cfg = app_defaults()
     cfg.update({
@@ -171,7 +171,7 @@ def render(results: dict[str, dict[str, Any]], args: argparse.Namespace, seconds
             )
         plus = runs["pfa-plus"]
         lines += ["", "One reply (median):", ""]
-        for kind, label in ((0, "wire"), (1, "payload")):
+        for label in ("wire", "payload"):
             s = plus["reply-sizes"][label]
             pri, tot = extrapolate(s["full"], s["private-later"])
             lines.append(

@@ -41,8 +41,8 @@ import os
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
