@@ -1,0 +1,1 @@
+"""The ClientApp: the budget handshake, one client round for every mechanism, the ledger's file."""

@@ -26,6 +26,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
 from client.profile import ClientProfile
+from client.seeds import client_seed
 from privacy.centroid_noise import Release, paper_noise_multiplier
 from privacy.mechanisms import CentroidRelease, Mechanism, NoPrivacy, Privatizer, Upload
 from privacy.randomness import NoiseSource
@@ -33,7 +34,6 @@ from protocol import keys
 from protocol.dpfedc import DPFedCRound
 from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
-from client.seeds import client_seed
 from tasks.clustering import (
     ClusteringParams,
     check_centroids,
@@ -79,6 +79,8 @@ class RoundPrivacy:
 
 @dataclass(frozen=True)
 class RoundResult:
+    """One DP-FedC client round: what it uploads, what it keeps, and the release it charged."""
+
     upload: np.ndarray  # W̃_i (sampled clients send this, nothing else that depends on data)
     memberships: np.ndarray  # H_i^t, kept by the client
     release: Release | None
@@ -193,7 +195,8 @@ def store_memberships(context: Context, path: Path | None, h: np.ndarray) -> Non
 # ----------------------------------------------------------------------------- Flower
 def load_client_data(settings: RunSettings, partition_id: int, num_partitions: int, k: int) -> np.ndarray:
     """X_i (m × n_i) of this partition: the dataset named by ``dpfedc.dataset`` split with
-    ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner)."""
+    ``dpfedc.split`` over ``num_partitions`` clients (seeded, like every partitioner).
+    """
     d, seed = settings.dpfedc, settings.seed
     data = load_clustering_data(d.dataset, d.data_dir or None, d.num_samples, seed)
     parts = split(data.y, num_partitions, d.split, seed)

@@ -25,7 +25,8 @@ from protocol.dpfedc import DPFedCRound
 from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
-from tasks.models import build_model, get_weights, resolve_grad_sample_mode, set_weights
+from tasks.model_names import resolve_grad_sample_mode
+from tasks.models import build_model, get_weights, set_weights
 from tasks.partition import client_data, client_size
 
 
@@ -38,7 +39,8 @@ def _partitioning(settings: RunSettings) -> dict[str, Any]:
 
 def count_local_examples(profile: ClientProfile, settings: RunSettings) -> int:
     """The size of this client's shard: counted from the partition where the data is in memory
-    (a simulation: no copy of the examples), else from the node's shard cache."""
+    (a simulation: no copy of the examples), else from the node's shard cache.
+    """
     data_dir = profile.data_dir or settings.data_dir or None
     if not is_loaded(settings.dataset, data_dir):
         return len(load_local_data(profile, settings)[0])
@@ -113,5 +115,5 @@ class ModelTask:
 
     @staticmethod
     def count(settings: RunSettings, profile: ClientProfile) -> int:
-        """n for the handshake."""
+        """N for the handshake."""
         return count_local_examples(profile, settings)

@@ -62,7 +62,6 @@ from protocol import keys
 from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
 from tasks.datasets import ArrayDataset
-from tasks.partition import HOLDOUT_FRACTION, training_size
 from tasks.models import (
     get_weights,
     head_parameter_names,
@@ -72,6 +71,7 @@ from tasks.models import (
     unwrap,
     weight_names,
 )
+from tasks.partition import HOLDOUT_FRACTION, training_size
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def load_personal(context: Context, scheme: str, expected: dict[str, np.ndarray]
     record = context.state.get(_state_key(scheme))
     if not isinstance(record, ArrayRecord):
         return None
-    stored = dict(zip(record.keys(), record.to_numpy_ndarrays()))
+    stored = dict(zip(record.keys(), record.to_numpy_ndarrays(), strict=True))
     if stored.keys() != expected.keys() or any(
         stored[k].shape != expected[k].shape or stored[k].dtype != expected[k].dtype for k in expected
     ):
@@ -242,7 +242,7 @@ def _train_additive_dpsgd(
     metrics, _ = train_dpsgd(model, data, replace(cfg, learning_rate=(1.0 + alpha) * cfg.learning_rate),
                              clip=dpsgd.clip, noise_multiplier=dpsgd.noise_multiplier,
                              noise=dpsgd.noise, grad_sample_mode=dpsgd.grad_sample_mode)
-    moved = {n: w - start[n] for n, w in zip(names, get_weights(model))}
+    moved = {n: w - start[n] for n, w in zip(names, get_weights(model), strict=True)}
     u = {n: received[n] + moved[n] / (1.0 + alpha) for n in names}
     v_new = {n: v[n] + alpha * moved[n] / (1.0 + alpha) for n in names}
     return u, v_new, metrics
@@ -345,7 +345,7 @@ def personalize_for_evaluation(
         return model, data
     _, test = holdout_split(data, RunSettings.of(context.run_config).seed, partition_id)
     names = weight_names(model)
-    received = dict(zip(names, get_weights(model)))
+    received = dict(zip(names, get_weights(model), strict=True))
     if scheme == keys.PERSONALIZATION_ADDITIVE:
         v = load_personal(context, scheme, received)
         if v is not None:

@@ -6,7 +6,7 @@ The wire format (the basis record, c_ℓ = V_ℓᵀ(Δ_ℓ − μ_ℓ) per model
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict

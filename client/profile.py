@@ -15,15 +15,12 @@ import functools
 import math
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from privacy.budgets import budget_for
 from privacy.randomness import NOISE_SOURCES
-from protocol.roster import Roster, SigningKey, simulated_key_path
-from protocol.run_settings import RunSettings
-from protocol.site import SiteFloors
 from protocol.keys import (
     BUDGET_REFERENCE,
     BUDGET_REFERENCES,
@@ -43,6 +40,9 @@ from protocol.keys import (
     NODE_SHARD_CACHE,
     NODE_SIGNING_KEY,
 )
+from protocol.roster import Roster, SigningKey, simulated_key_path
+from protocol.run_settings import RunSettings
+from protocol.site import SiteFloors
 
 UserConfig = Mapping[str, bool | int | float | str]
 

@@ -76,7 +76,6 @@ from privacy.mechanisms import DDGSum
 from privacy.secure_sum import add_mod, mask, wire_dtype
 from protocol import keys
 from protocol.errors import ERROR_SECURE_SUM
-from protocol.train_config import TrainConfig
 from protocol.secure_sum import (
     DDG,
     SumParameters,
@@ -85,6 +84,7 @@ from protocol.secure_sum import (
     rotation_seed,
     survivors_transcript,
 )
+from protocol.train_config import TrainConfig
 
 log = logging.getLogger("privet.client")
 

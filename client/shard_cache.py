@@ -48,7 +48,8 @@ ENV_CACHE_DIR = "PRIVET_SHARD_CACHE"
 
 def default_cache_dir() -> Path:
     """``$PRIVET_SHARD_CACHE``, else ``<system temp dir>/privet-shards-<uid>``: node-local,
-    per user."""
+    per user.
+    """
     if os.environ.get(ENV_CACHE_DIR):
         return Path(os.environ[ENV_CACHE_DIR])
     uid = os.getuid() if hasattr(os, "getuid") else 0

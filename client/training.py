@@ -45,7 +45,8 @@ from privacy.accountants import Step, import_opacus
 from privacy.mechanisms import dpsgd_expected_batch, dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.randomness import NoiseSource
 from tasks.datasets import ArrayDataset
-from tasks.models import BK_MODE, LINEAR_MODE, get_weights, set_weights, train_plain
+from tasks.model_names import BK_MODE, LINEAR_MODE
+from tasks.models import train_plain
 
 # Opacus' ghost clipping backpropagates from the loss to module outputs on purpose, and
 # PyTorch warns about it on every step (60 times in the default run): not the user's business.

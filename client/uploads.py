@@ -8,7 +8,7 @@ here so that the ClientApp stays free of method-specific code.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict

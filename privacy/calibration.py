@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 
+from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Step, epsilon_of, epsilon_of_valid
 from privacy.checks import (
     check_choice,
     check_delta,
@@ -24,7 +25,6 @@ from privacy.checks import (
     check_probability,
     check_step,
 )
-from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Step, epsilon_of, epsilon_of_valid
 from privacy.exceptions import PrivacyBudgetExhausted
 
 __all__ = ["CALIBRATIONS", "MAX_SIGMA", "epsilon_for", "noise_multiplier_for", "pfa_closed_form_sigma"]

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privacy.checks import check_delta
 from privacy.accountants import DEFAULT_ACCOUNTANT, epsilon_of
 from privacy.calibration import noise_multiplier_for
+from privacy.checks import check_delta
 from privacy.randomness import NoiseSource
 
 #: Calibration modes of DP-FedC.

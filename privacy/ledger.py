@@ -35,19 +35,11 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
-from privacy.checks import (
-    check_choice,
-    check_delta,
-    check_int,
-    check_positive,
-    check_release,
-    check_step,
-)
 from privacy.accountants import (
     ACCOUNTANTS,
     REPLACE_ONE,
@@ -55,6 +47,14 @@ from privacy.accountants import (
     epsilon_of_valid,
     exceeds_budget,
     merge_step,
+)
+from privacy.checks import (
+    check_choice,
+    check_delta,
+    check_int,
+    check_positive,
+    check_release,
+    check_step,
 )
 from privacy.exceptions import PrivacyBudgetExhausted
 

@@ -19,8 +19,8 @@ from privacy.centroid_noise import rigorous_epsilon
 from strategies.dpfedc import plain_mean, schedule
 from tasks.clustering import (
     ClusteringParams,
-    cluster_labels,
     accuracies,
+    cluster_labels,
     initial_memberships,
     nmi,
     objective,

@@ -12,12 +12,13 @@ Outside a real run Flower needs a task identity to build messages; it is set thr
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
+
 from protocol import keys
 
 #: A hook that may replace (tamper with) or drop (return None) a node's reply: for tests.
@@ -78,7 +79,8 @@ class InProcessGrid(Grid):
         return self._run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
+                       group_id: str, ttl: float | None = None) -> Message:
+        """A message to one node (Flower's ``Grid.create_message``; ``ttl`` is not used in process)."""
         return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:  # noqa: D102 - Grid API

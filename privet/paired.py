@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Mapping, Sequence, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 __all__ = ["BOOTSTRAP", "bootstrap_interval", "paired_gaps"]
 

@@ -1,4 +1,4 @@
-"""Is a simulation's ``ledger-dir`` one storage on every node of a Ray cluster?
+"""Whether a simulation's ``ledger-dir`` is one storage on every node of a Ray cluster.
 
 A simulated client keeps its privacy ledger in ``<ledger-dir>/client-<partition>.json``
 (:mod:`client.profile`, :mod:`client.ledger_store`), read and written by whichever Ray actor

@@ -8,8 +8,9 @@ once. A strategy adds what a client must know about the run to answer (its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import ConfigRecord
 

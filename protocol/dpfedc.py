@@ -8,8 +8,9 @@ round's instructions travel as :class:`DPFedCRound` (``keys.DPFEDC_*``), beside 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 
-
 #: The root-logger format of ``logging.basicConfig`` in Opacus 1.6 (``opacus/utils/module_utils.py``).
 OPACUS_ROOT_FORMAT = "%(asctime)s:%(levelname)s:%(message)s"
 

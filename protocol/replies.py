@@ -11,8 +11,9 @@ figures must agree with (the handshake, the server's own recomputation) is check
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 

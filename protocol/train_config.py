@@ -13,8 +13,9 @@ DP-FedC's clustering rounds carry their own section (:mod:`protocol.dpfedc`) bes
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import ConfigRecord
 

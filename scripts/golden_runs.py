@@ -80,14 +80,14 @@ def tiny(out: Path) -> dict[str, Any]:
 
 def run_case(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """One case: accuracy and loss per round, each client's ε, the failed rounds."""
-    from client.app import app as client_app
-    from privet.inprocess import InProcessGrid, simulation_node_configs
-    from server.app import run_experiment
-
     import secrets
     from unittest import mock
 
     import numpy as np
+
+    from client.app import app as client_app
+    from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     # what is random on purpose outside the clients' seeded noise, fixed for the comparison: GDPFed's
     # sampling (a CSPRNG) and Flower's stochastic rounding in secure sums (numpy's global generator)

@@ -1,0 +1,1 @@
+"""The ServerApp: run config, the run's loop and evaluator, results, reports and the threat-model row."""

@@ -25,7 +25,8 @@ from strategies.catalogue import CATALOGUE
 from strategies.fedceo_config import FedCEOConfig
 from strategies.gdpfed_config import GDPFedConfig
 from strategies.pfa_config import PFAConfig
-from strategies.secagg_config import SECURE_AGGREGATION, SecureAggregation, check as check_secure_aggregation
+from strategies.secagg_config import SECURE_AGGREGATION, SecureAggregation
+from strategies.secagg_config import check as check_secure_aggregation
 
 STRATEGIES = tuple(CATALOGUE)  # strategies/catalogue.py: every strategy, once
 DP_MODES = keys.DP_MODES

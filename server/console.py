@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
+from typing_extensions import override
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
@@ -242,6 +244,7 @@ class ConsoleHandler(logging.Handler):
         super().__init__()
         self.run_console = console
 
+    @override
     def emit(self, record: logging.LogRecord) -> None:
         try:
             for line in self.format(record).splitlines() or [""]:

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 from flwr.app import Message, RecordDict
 from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
-from flwr.supercore.run import Run
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 
 #: Seconds between two pulls of the replies (Flower 1.39's gRPC grid: 3); one small request
 #: to the SuperLink each.
@@ -59,7 +59,8 @@ class PromptGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push ``messages``, then pull until every one has a reply or ``timeout`` s have passed
-        (``None``: no limit), as Flower's does, but every :data:`REPLY_POLL_SECONDS`."""
+        (``None``: no limit), as Flower's does, but every :data:`REPLY_POLL_SECONDS`.
+        """
         pending = set(self.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 from flwr.app import ConfigRecord
 
 from protocol.roster import Roster
-from server.config import RunConfig
 from protocol.train_config import TrainConfig
+from server.config import RunConfig
 from strategies.base import PrivacyAwareFedAvg
 from strategies.catalogue import CATALOGUE
 

@@ -36,8 +36,8 @@ from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.mechanisms import Mechanism
 from server.config import RunConfig
 from server.threat_model import threat_model
-from strategies.catalogue import CATALOGUE
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
+from strategies.catalogue import CATALOGUE
 from strategies.gdpfed import GDPFED_STRATEGIES
 
 
@@ -68,7 +68,8 @@ class ClientSummary(TypedDict):
 
 class RunSummary(TypedDict):
     """``summary.json``: what a run achieved and every client's position; experiment drivers read it
-    with these keys (``None`` where a figure does not exist, e.g. accuracy before any round)."""
+    with these keys (``None`` where a figure does not exist, e.g. accuracy before any round).
+    """
 
     strategy: str
     dp_mode: str
@@ -168,13 +169,15 @@ class ResultsWriter:
         (self.out / "rounds.jsonl").write_text("")
 
     def write_round(self, line: dict[str, Any]) -> None:
+        """Keep one round's record and append it to ``rounds.jsonl`` (one JSON line per round)."""
         self.rounds.append(line)
         with open(self.out / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(_jsonable(line)) + "\n")
 
     def save_model(self, server_round: int, weights: dict[str, np.ndarray], final: bool = False) -> None:
         """The global model after ``server_round``: ``model-round-<r>.npz`` (``checkpoint-rounds``),
-        and ``model.npz`` for the last round (arrays named as the model's ``state_dict``)."""
+        and ``model.npz`` for the last round (arrays named as the model's ``state_dict``).
+        """
         names = (["model.npz"] if final else []) + (
             [f"model-round-{server_round:04d}.npz"] if server_round in self.cfg.checkpoint_rounds else [])
         for name in names:
@@ -185,7 +188,8 @@ class ResultsWriter:
 
     def finish(self, strategy: PrivacyAwareFedAvg, elapsed_seconds: float, status: str = "completed") -> RunSummary:
         """Write summary, privacy report and plot; ``status`` says how the run ended
-        (:func:`ended_by` gives it for an exception)."""
+        (:func:`ended_by` gives it for an exception).
+        """
         summary = build_summary(self.cfg, strategy, self.rounds, elapsed_seconds)
         if status == "completed" and summary["failed_rounds"]:
             status = (f"incomplete: {len(summary['failed_rounds'])} of {summary['rounds']} rounds failed "
@@ -331,7 +335,8 @@ def spend_bound(strategy: PrivacyAwareFedAvg, account: ClientAccount, last_round
 
 def ended_by(exc: BaseException, strategy: PrivacyAwareFedAvg) -> str:
     """The ``status`` of a run that ``exc`` ended: "interrupted: …" for a signal (Ctrl-C, SIGTERM) or a
-    stop from Flower, with the round in flight; "failed: …" otherwise."""
+    stop from Flower, with the round in flight; "failed: …" otherwise.
+    """
     if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return f"failed: {type(exc).__name__}: {exc}"
     last = max((r.round for r in strategy.round_log), default=0) + 1  # a round in flight has no result yet

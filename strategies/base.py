@@ -195,7 +195,8 @@ class PrivacyAwareFedAvg(FedAvg):
 
     def expected_specs(self, server_round: int, account: ClientAccount) -> list[ArraySpec]:
         """What this client's upload must look like (default: the global model's; none inside a secure
-        sum, whose masked input is checked on its own)."""
+        sum, whose masked input is checked on its own).
+        """
         return [] if self.secure_aggregation else self.global_specs
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
@@ -208,14 +209,16 @@ class PrivacyAwareFedAvg(FedAvg):
 
     def secure_min_survivors(self, noise_shares: int) -> int:
         """r_min of a sum whose members split the noise into ``noise_shares`` shares
-        (default: ``secagg.min-survivors``, 0 meaning all m shares)."""
+        (default: ``secagg.min-survivors``, 0 meaning all m shares).
+        """
         assert self.secure_aggregation is not None
         return self.secure_aggregation.min_survivors or noise_shares
 
     def aggregate_sums(self, server_round: int, sums: list[SumResult]) -> list[np.ndarray]:
         """The new global model from released secure sums (default: the global model plus the plain
         mean of every survivor's privatised update, Σ_s Σ_i ỹ_i / Σ_s r_s: a secure sum hides the
-        example counts FedAvg would weight by)."""
+        example counts FedAvg would weight by).
+        """
         count = sum(len(r.survivors) for r in sums)
         total = [sum(np.asarray(r.total[j]) for r in sums if r.total is not None)
                  for j in range(len(self.global_arrays))]
@@ -241,7 +244,8 @@ class PrivacyAwareFedAvg(FedAvg):
     def sample(self, server_round: int, eligible: list[int], attempt: int = 0) -> list[int]:
         """``max(min_train_nodes, ⌊fraction·|eligible|⌋)`` clients, seeded per round (and ``attempt``),
         drawn over positions in client-id order: the same seed samples the same clients whatever node
-        ids the backend gave them."""
+        ids the backend gave them.
+        """
         if not eligible:
             return []
         size = min(len(eligible), max(self.min_train_nodes, int(self.fraction_train * len(eligible))))

@@ -26,6 +26,7 @@ import math
 from dataclasses import replace
 
 from flwr.app import ConfigRecord
+from typing_extensions import override
 
 from protocol import keys
 from protocol.budget_query import BudgetQuery
@@ -77,6 +78,7 @@ class MinimumBudget(_HomogeneousBudget):
 
     reference = "minimum"
 
+    @override
     def target_epsilon(self) -> float:
         return min(a.epsilon_budget for a in self.accounts.values())
 
@@ -86,5 +88,6 @@ class MaximumBudget(_HomogeneousBudget):
 
     reference = "maximum"
 
+    @override
     def target_epsilon(self) -> float:
         return max(a.epsilon_budget for a in self.accounts.values())

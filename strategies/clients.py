@@ -68,7 +68,8 @@ class ClientAccount:
 
     def server_epsilon(self, accountant: str) -> float:
         """ε recomputed by the server from the mechanisms of its accepted replies (this run only);
-        an independent check on the client's own ledger."""
+        an independent check on the client's own ledger.
+        """
         return epsilon_of(self.server_history, self.delta, accountant) if self.server_history else 0.0
 
 
@@ -227,7 +228,8 @@ class ClientRegistry:
 
     def _refuse_dominant(self, batch: list[ClientAccount]) -> None:
         """Refuse, from a handshake batch, each declared ε above ``max_epsilon_ratio`` × the median
-        declared ε of every registered client (ε-weighted strategies only)."""
+        declared ε of every registered client (ε-weighted strategies only).
+        """
         ratio = self.admission.max_epsilon_ratio
         if not (self.admission.weights_by_epsilon and ratio > 0 and batch):
             return

@@ -19,14 +19,14 @@ client updates its H_i each round as the paper's Algorithm 1 does (line 7).
 
 from __future__ import annotations
 
-from typing import Unpack
-
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Unpack
 
 import numpy as np
 from flwr.app import ConfigRecord
+from typing_extensions import override
 
 from protocol import keys
 from protocol.budget_query import BudgetQuery
@@ -84,6 +84,7 @@ class DPFedC(PrivacyAwareFedAvg):
         self.num_clients = int(num_clients)
         self.planned_rounds = int(planned_rounds)
 
+    @override
     def refuse_declaration(self, account: ClientAccount) -> str | None:
         if account.num_examples < self.params.k:
             return f"holds {account.num_examples} samples, fewer than k={self.params.k} clusters"
@@ -93,6 +94,7 @@ class DPFedC(PrivacyAwareFedAvg):
         """The handshake tells a client it is a clustering run (its data is the clustering set)."""
         return replace(super().budget_query(), task=keys.TASK_CLUSTERING)
 
+    @override
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))
         cfg.update(dpfedc_train_config(self.params, self.calibration, self.epsilon_bar, self.grad_clip,
@@ -100,7 +102,7 @@ class DPFedC(PrivacyAwareFedAvg):
         return cfg
 
     def client_rate(self) -> float:
-        """p = K/N, the paper's client sampling probability in (32)."""
+        """P = K/N, the paper's client sampling probability in (32)."""
         return float(self.fraction_train)
 
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:

@@ -24,15 +24,17 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Iterable, Unpack
+from collections.abc import Iterable
+from typing import Unpack
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from typing_extensions import override
 
 from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
-from strategies.fedceo_config import RESTARTS, FedCEOConfig, parse_layers
+from strategies.fedceo_config import FedCEOConfig
 from strategies.fedceo_smoothing import (
     is_smoothing_round,
     mean_model,
@@ -98,6 +100,7 @@ class FedCEO(PrivacyAwareFedAvg):
         self._smoothed_round = -1  # the t of the stored ŵ_k(t)
         self._diagnostics: dict[int, dict[str, float]] = {}
 
+    @override
     def summary(self) -> None:
         super().summary()
         log.info("%s: %s; guarantee: %s", type(self).__name__, self.params.model_dump(by_alias=True),
@@ -125,7 +128,8 @@ class FedCEO(PrivacyAwareFedAvg):
 
     def node_arrays(self, server_round: int, account: ClientAccount, arrays: ArrayRecord) -> ArrayRecord:
         """Lines 5-6: ŵ_k(t−1) for a client smoothed in round t−1, else the global w'(t−1)
-        (always the global with ``restart = "global"``)."""
+        (always the global with ``restart = "global"``).
+        """
         if self.params.restart == "global":
             return arrays
         own = self._smoothed.get(account.node_id) if self._smoothed_round == server_round - 1 else None
@@ -155,7 +159,7 @@ class FedCEO(PrivacyAwareFedAvg):
         smoothed = smooth_client_models(uploads, thr, layers=p.layer_indices,
                                         half_spectrum=p.half_spectrum)  # Thm 3.1, Eq. (3)
         seconds = time.perf_counter() - start
-        self._smoothed = {r.node_id: model for r, model in zip(replies, smoothed)}
+        self._smoothed = {r.node_id: model for r, model in zip(replies, smoothed, strict=True)}
         self._smoothed_round = server_round
         new_global = mean_model(smoothed)  # App. B.3: w'(t) = (1/K) Σ_k ŵ_k(t)
         diag.update({DIAG_SMOOTHED: 1.0, DIAG_THRESHOLD: thr, DIAG_CLIENTS: float(len(replies)),
@@ -171,6 +175,6 @@ class FedCEO(PrivacyAwareFedAvg):
 
 def _relative_change(new: list[np.ndarray], old: list[np.ndarray]) -> float:
     """‖new − old‖_F / ‖old‖_F over all arrays (0 when old is zero)."""
-    diff = math.sqrt(sum(float(np.sum((np.asarray(a, np.float64) - b) ** 2)) for a, b in zip(new, old)))
+    diff = math.sqrt(sum(float(np.sum((np.asarray(a, np.float64) - b) ** 2)) for a, b in zip(new, old, strict=True)))
     norm = math.sqrt(sum(float(np.sum(np.asarray(b, np.float64) ** 2)) for b in old))
     return diff / norm if norm > 0 else 0.0

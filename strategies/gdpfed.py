@@ -48,23 +48,25 @@ import logging
 import math
 import secrets
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Iterable, Sequence, Unpack
+from typing import Any, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from typing_extensions import override
 
-from privacy.accountants import DEFAULT_ACCOUNTANT, Step
+from privacy.accountants import DEFAULT_ACCOUNTANT
 from privacy.budgets import budgets_for
 from privacy.group_calibration import group_noise_multipliers, ledger_settings
 from protocol import keys
-from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
-from strategies.secure_sum import SumResult
-from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
-from strategies.gdpfed_config import WEIGHTINGS, GDPFedConfig
 from protocol.train_config import TrainConfig
+from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
+from strategies.gdpfed_config import GDPFedConfig
+from strategies.gdpfed_math import group_weights, lr_at_round, optimal_sampling, round_counts, sparsify_top_k
+from strategies.secure_sum import SumResult
 
 log = logging.getLogger("privet.strategy")
 
@@ -196,8 +198,8 @@ def plan_groups(
         if size == 0:
             raise ValueError(f"'gdpfed.group-epsilons': group {m + 1} (eps >= {params.group_epsilons[m]:g}) is "
                              "empty: no client declared a budget in its range; drop that threshold")
-    eps = [min(e for (e, _), a in zip(budgets, assign) if a == m) for m in range(m_groups)]
-    deltas = [min(d for (_, d), a in zip(budgets, assign) if a == m) for m in range(m_groups)]
+    eps = [min(e for (e, _), a in zip(budgets, assign, strict=True) if a == m) for m in range(m_groups)]
+    deltas = [min(d for (_, d), a in zip(budgets, assign, strict=True) if a == m) for m in range(m_groups)]
     q = params.q
     rate_key = "gdpfed.q"
     if variant.sampling != "idp" and not (variant.sampling == "optimal" and params.sample_rates):
@@ -211,13 +213,13 @@ def plan_groups(
     else:
         requested = [q] * m_groups
     counts = round_counts(requested, sizes, key=rate_key)
-    rates = [r / g for r, g in zip(counts, sizes)]
+    rates = [r / g for r, g in zip(counts, sizes, strict=True)]
     sigmas = list(_sigmas(tuple(eps), tuple(rates), rounds, tuple(deltas),
                           "gdpfed.group-epsilons" if not variant.single_group else "epsilon", accountant))
     clips = [clip] * m_groups
     if variant.noise == "common-std":  # IDP Scale: one noise std s for every group
         clips = params.per_group("idp_clips", m_groups)
-        std = max(c * s for c, s in zip(clips, sigmas))
+        std = max(c * s for c, s in zip(clips, sigmas, strict=True))
         sigmas = [std / c for c in clips]
     elif variant.noise == "common-sigma":  # IDP Sample: one σ for every group
         sigmas = [max(sigmas)] * m_groups
@@ -266,7 +268,8 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     # ------------------------------------------------------------------ plan
     def refuse_declaration(self, account: ClientAccount) -> str | None:
         """Refuse a budget below the first group's threshold, or (after the plan) below its
-        group's ε_m (the group's σ_m would exceed that client's budget)."""
+        group's ε_m (the group's σ_m would exceed that client's budget).
+        """
         if self.variant.single_group:
             if self.plan is not None and account.epsilon_budget < self.plan.epsilons[0] * (1 - 1e-9):
                 return f"eps={account.epsilon_budget:g} is below the run's calibrated eps={self.plan.epsilons[0]:g}"
@@ -284,7 +287,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
         plan, assign = plan_groups(self.variant, self.params, [(a.epsilon_budget, a.delta) for a in accounts],
                                    rounds, clip, lr=lr, local_steps=local_steps, accountant=self.accountant)
         self.plan = plan
-        self.group_of = {a.node_id: m for a, m in zip(accounts, assign)}
+        self.group_of = {a.node_id: m for a, m in zip(accounts, assign, strict=True)}
         for m in range(len(plan.sizes)):
             log.info("%s group %d: |G|=%d eps=%g q=%.4f (asked %.4f) r=%d sigma=%.4f C=%g omega=%.4g k/d=%g",
                      self.variant.name, m + 1, plan.sizes[m], plan.epsilons[m], plan.sample_rates[m],
@@ -342,7 +345,7 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
         """
         total = [np.zeros(g.shape, np.float64) for g in self._global]
         for reply in group_replies:
-            for j, (a, g) in enumerate(zip(reply.arrays, self._global)):
+            for j, (a, g) in enumerate(zip(reply.arrays, self._global, strict=True)):
                 total[j] += np.asarray(a, np.float64) - g
         return total
 
@@ -390,7 +393,8 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
 
     def secure_min_survivors(self, noise_shares: int) -> int:
         """r_m: a group sum carries σ_m only with all r_m noise shares, which is what the
-        clients charge (once per run), so a group sum is released only when all r_m survive."""
+        clients charge (once per run), so a group sum is released only when all r_m survive.
+        """
         return noise_shares
 
     def aggregate_sums(self, server_round: int, sums: list[SumResult]) -> list[np.ndarray]:
@@ -414,12 +418,13 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
             for j, a in enumerate(y):
                 step[j] += self.plan.weights[m] * a
         self._diagnostics[server_round] = diag
-        return [(g.astype(np.float64) + s).astype(g.dtype) for g, s in zip(self._global, step)]
+        return [(g.astype(np.float64) + s).astype(g.dtype) for g, s in zip(self._global, step, strict=True)]
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
         """Accepted replies per group."""
         return self._diagnostics.pop(server_round, {})
 
+    @override
     def summary(self) -> None:
         super().summary()
         log.info("%s: %s; aggregation: %s", self.variant.name, self.params.model_dump(by_alias=True), self.aggregation)

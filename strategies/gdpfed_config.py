@@ -95,7 +95,7 @@ class GDPFedConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _lengths(self) -> "GDPFedConfig":
+    def _lengths(self) -> GDPFedConfig:
         m = len(self.group_epsilons)
         if self.sample_rates and len(self.sample_rates) != m:
             raise ValueError(f"'gdpfed.sample-rates' needs one value per group ({m}); found {list(self.sample_rates)}")

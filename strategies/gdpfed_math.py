@@ -92,7 +92,7 @@ def round_counts(sample_rates: Sequence[float], sizes: Sequence[int], *, key: st
     g = np.asarray(sizes, dtype=np.int64)
     if len(q) != len(g):
         raise ValueError(f"'{key}': {len(q)} sample rates for {len(g)} groups")
-    for m, (qm, gm) in enumerate(zip(q, g)):
+    for m, (qm, gm) in enumerate(zip(q, g, strict=True)):
         if gm < 1:
             raise ValueError(f"'{key}': group {m + 1} is empty (no client declared a budget in its range)")
         if not 0 < qm <= 1:
@@ -114,7 +114,7 @@ def round_counts(sample_rates: Sequence[float], sizes: Sequence[int], *, key: st
 
 
 def top_k_count(fraction: float, dim: int, *, key: str = "gdpfed.sparsity") -> int:
-    """k = round(a·d) for a kept fraction a ∈ (0, 1], at least 1."""
+    """K = round(a·d) for a kept fraction a ∈ (0, 1], at least 1."""
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise ValueError(f"'{key}': k_m/d = {fraction!r} is outside (0, 1]")
     return max(1, min(dim, int(round(fraction * dim))))
@@ -161,7 +161,7 @@ def problem1_objective(
     mu4 = 32 * eta * tau + eta + eta / tau
     mu5 = 4.0 / (eta * tau)
     w = group_weights([float(x) for x in r], "paper")
-    s2 = np.array([sigma2(e, delta, qm, rounds) for e, qm in zip(epsilons, q)])
+    s2 = np.array([sigma2(e, delta, qm, rounds) for e, qm in zip(epsilons, q, strict=True)])
     phi = np.clip((2 * w * s2 / (eta * tau * mu4 * r**2)) ** 2, 0.0, 1.0)
     return float(np.sum(w * (mu4 * (1 + phi) + mu5 * (1 - np.sqrt(phi)) * w * s2 / r**2)))
 
@@ -197,7 +197,7 @@ def optimal_sampling(
     best_x, best_f = None, math.inf
     for x0 in starts:
         x0 = np.clip(x0, lo, hi)
-        res = minimize(f, x0, method="SLSQP", bounds=list(zip(lo, hi)),
+        res = minimize(f, x0, method="SLSQP", bounds=list(zip(lo, hi, strict=True)),
                        constraints=[{"type": "eq", "fun": lambda x: np.sum(x) - 1.0}],
                        options={"ftol": 1e-14, "maxiter": 500})
         x = np.clip(res.x, lo, hi)

@@ -38,15 +38,15 @@ purely local learning, and the client warns).
 
 from __future__ import annotations
 
-from typing import Unpack
-
 import logging
 import math
 from collections.abc import Iterable
+from typing import Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from typing_extensions import override
 
 from protocol import keys
 from protocol.replies import EvaluationReport
@@ -92,6 +92,7 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
         """The scheme's own keys for the train config (subclasses add theirs)."""
         return {keys.PERSONALIZATION: self.scheme}
 
+    @override
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         cfg = ConfigRecord(dict(config))
         cfg.update(self.personal_config())
@@ -101,6 +102,7 @@ class PersonalizedFedAvg(PrivacyAwareFedAvg):
         """A personalized client trains on (and reports) its 80 % split."""
         return training_size(account.num_examples) if account.num_examples >= 2 else account.num_examples
 
+    @override
     def summary(self) -> None:
         super().summary()
         log.info("%s: personalization=%s %s fraction-evaluate=%.2f", type(self).__name__,
@@ -205,6 +207,7 @@ class PPSGD(PersonalizedFedAvg):
         super().__init__(fraction_evaluate=fraction_evaluate, **options)
         self.personal_lr_scale = float(personal_lr_scale)
 
+    @override
     def personal_config(self) -> dict[str, float | int | str]:
         return {**super().personal_config(), keys.PERSONAL_LR_SCALE: self.personal_lr_scale}
 
@@ -242,9 +245,11 @@ class CENTAUR(PersonalizedFedAvg):
         self.head_epochs = head_epochs
         self._round_global: list[np.ndarray] = []
 
+    @override
     def personal_config(self) -> dict[str, float | int | str]:
         return {**super().personal_config(), keys.HEAD_EPOCHS: self.head_epochs}
 
+    @override
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -256,4 +261,4 @@ class CENTAUR(PersonalizedFedAvg):
         mean = weighted_mean([r.arrays for r in replies], [r.num_examples for r in replies])
         head = set(head_parameter_names(self.global_names))
         return [g.copy() if name in head else m
-                for name, g, m in zip(self.global_names, self._round_global, mean)]
+                for name, g, m in zip(self.global_names, self._round_global, mean, strict=True)]

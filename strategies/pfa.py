@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Final, Iterable, Unpack
+from collections.abc import Iterable
+from typing import Final, Unpack
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from typing_extensions import override
 
 from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
@@ -69,10 +71,12 @@ def declared_epsilon(account: ClientAccount) -> float:
 class EpsilonWeighted(PrivacyAwareFedAvg):
     """A strategy that weights clients by their declared ε: an infinite one is refused at
     the handshake (it would take all the weight, and break the run mid-way), and so is one
-    above ``max-epsilon-ratio`` × the median declared ε (:class:`PrivacyAwareFedAvg`)."""
+    above ``max-epsilon-ratio`` × the median declared ε (:class:`PrivacyAwareFedAvg`).
+    """
 
     weights_by_epsilon = True
 
+    @override
     def refuse_declaration(self, account: ClientAccount) -> str | None:
         if math.isfinite(account.epsilon_budget):
             return None
@@ -88,6 +92,7 @@ class WeiAvg(EpsilonWeighted):
     Example counts are ignored, as in the paper. Parameters: see PrivacyAwareFedAvg.
     """
 
+    @override
     def aggregate_models(self, server_round: int, replies: list[AcceptedReply]) -> list[np.ndarray]:
         eps = [declared_epsilon(self.accounts[r.node_id]) for r in replies]
         return weighted_mean([r.arrays for r in replies], eps)
@@ -121,6 +126,7 @@ class PFA(EpsilonWeighted):
         self._subspaces: list[LayerSubspace] = []  # fitted in the last aggregation
         self._diagnostics: dict[int, dict[str, float]] = {}
 
+    @override
     def summary(self) -> None:
         super().summary()
         log.info("%s: %s", type(self).__name__, self.params.model_dump(by_alias=True))
@@ -143,7 +149,8 @@ class PFA(EpsilonWeighted):
 
     def sample(self, server_round: int, eligible: list[int], attempt: int = 0) -> list[int]:
         """The base sample; under ``no-public = "redraw"``, redrawn (seeded per attempt)
-        until it holds a public client, as the authors' code does."""
+        until it holds a public client, as the authors' code does.
+        """
         chosen = super().sample(server_round, eligible, attempt)
         public = self.public_nodes() & frozenset(eligible)
         if self.params.no_public != "redraw" or not chosen or not public:
@@ -162,7 +169,7 @@ class PFA(EpsilonWeighted):
     ) -> Iterable[Message]:
         """Remember w_global: clients upload models, the maths works on updates."""
         self._global = arrays.to_numpy_ndarrays()
-        for name, g in zip(arrays.keys(), self._global):
+        for name, g in zip(arrays.keys(), self._global, strict=True):
             if not np.issubdtype(g.dtype, np.floating):
                 raise ValueError(f"PFA projects every model array; '{name}' has dtype {g.dtype}, not floating")
         return super().configure_train(server_round, arrays, config, grid)
@@ -235,6 +242,7 @@ class PFAPlus(PFA):
         """Alg. 4 line 10: private and past the warm-up."""
         return server_round in self._sent and account.node_id not in self.public_nodes()
 
+    @override
     def node_config(self, server_round: int, account: ClientAccount, config: ConfigRecord) -> ConfigRecord:
         if not self.uses_coordinates(server_round, account):
             return config
@@ -305,6 +313,6 @@ class PFAPlus(PFA):
         self._subspaces = [
             LayerSubspace(sub.basis.astype(g.dtype), None if sub.center is None else sub.center.astype(g.dtype),
                           sub.shape)
-            for sub, g in zip(self._subspaces, self._global)
+            for sub, g in zip(self._subspaces, self._global, strict=True)
         ]
         return new_global

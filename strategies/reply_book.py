@@ -26,8 +26,8 @@ from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.mechanisms import ExpectedRelease
 from privacy.policy import is_spent
 from protocol import keys
-from protocol.replies import TrainReport
 from protocol.node_loss import is_node_lost
+from protocol.replies import TrainReport
 from strategies.clients import ClientAccount, ClientRegistry, spend_statistics
 from strategies.round_result import RoundResult
 from strategies.validation import ArraySpec, validate_train_reply
@@ -115,7 +115,8 @@ class ReplyBook:
 
     def result(self, server_round: int) -> RoundResult | None:
         """This round's result, once its replies were read (None before, or for a round that never
-        reached aggregation)."""
+        reached aggregation).
+        """
         return next((r for r in reversed(self.round_log) if r.round == server_round), None)
 
     def fail(self, server_round: int, why: str) -> MetricRecord:

@@ -15,8 +15,8 @@ actually added, and whether it clipped (an honest client's own ledger is the gua
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -52,7 +52,7 @@ def specs_of(arrays: ArrayRecord) -> list[ArraySpec]:
     """The specs of a reference ArrayRecord (normally the global model)."""
     return [
         ArraySpec(name, tuple(arr.shape), np.dtype(arr.dtype))
-        for name, arr in zip(arrays.keys(), arrays.to_numpy_ndarrays())
+        for name, arr in zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)
     ]
 
 
@@ -67,7 +67,7 @@ def validate_arrays(record: ArrayRecord, expected: Sequence[ArraySpec]) -> str |
     names = list(record.keys())
     if len(names) != len(expected):
         return f"expected {len(expected)} arrays, got {len(names)}"
-    for spec, name, arr in zip(expected, names, record.to_numpy_ndarrays()):
+    for spec, name, arr in zip(expected, names, record.to_numpy_ndarrays(), strict=True):
         if tuple(arr.shape) != spec.shape:
             return f"array '{name}' has shape {tuple(arr.shape)}, expected {spec.shape}"
         if np.dtype(arr.dtype) != spec.dtype:

@@ -1,0 +1,1 @@
+"""Federated tasks: datasets, partitioners, models and the clustering task."""

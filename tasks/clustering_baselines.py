@@ -48,7 +48,8 @@ def clip_records(x: np.ndarray, bound: float = RECORD_BOUND) -> np.ndarray:
 def evaluate(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], w: np.ndarray) -> dict[str, float]:
     """Both accuracies (``accuracy``: one-to-one matching; ``accuracy_majority``), NMI and the
     k-means cost / N (``objective``) of centroids W over all clients' data, every sample to its
-    nearest centroid."""
+    nearest centroid.
+    """
     pred = np.concatenate([nearest_centroid(x, w) for x in xs])
     labels = np.concatenate(ys)
     return {**accuracies(pred, labels), "nmi": nmi(pred, labels),
@@ -92,7 +93,8 @@ def _weighted_kmeans(points: np.ndarray, weights: np.ndarray, w: np.ndarray, ite
 
 def fkm(xs, w0, plan, z, noise, c=RECORD_BOUND):
     """FKM [5]: federated Lloyd. Sampled clients send per-cluster sums and counts
-    (:func:`_noisy_stats`); centroid_l = Σ sums_l / Σ counts_l."""
+    (:func:`_noisy_stats`); centroid_l = Σ sums_l / Σ counts_l.
+    """
     w = w0.copy()
     for sampled in plan:
         sums, counts = np.zeros_like(w), np.zeros(w.shape[1])
@@ -111,7 +113,8 @@ def fzkm(xs, w0, plan, z, noise, c=RECORD_BOUND, fuzzifier=1.1, local_iters=10):
     weights Σ_j u_lj^{m_f} of its last iteration (Σ_l u^{m_f} <= 1; released by :func:`_noisy_stats`);
     m_f = 1.1: with m_f = 2, FCM from a data-independent start collapses to the data mean in
     784 dimensions (every run gave 11.3 %). The server forms the K·k local centroids and runs weighted k-means on them from the
-    current global centroids (the paper's description of FFCM's server step)."""
+    current global centroids (the paper's description of FFCM's server step).
+    """
     w = w0.copy()
     for sampled in plan:
         pts, wts = [], []
@@ -138,7 +141,8 @@ def dkpp(xs, w0, plan, z, noise, c=RECORD_BOUND, seeding_rounds=5, oversample=2.
     """DK++ [27] (k-means‖ seeding, then federated Lloyd): in the first ``seeding_rounds``
     rounds each sampled client draws each of its points with probability ℓ·d²(x,C)/φ_local
     (ℓ = ``oversample``·k/K) and uploads them noised (each a record, norm <= B); the server
-    reclusters the candidates to k centres (k-means++ then weighted Lloyd), then FKM rounds."""
+    reclusters the candidates to k centres (k-means++ then weighted Lloyd), then FKM rounds.
+    """
     rng = np.random.default_rng(seed)
     k = w0.shape[1]
     first = next(iter(plan[0]))
@@ -173,7 +177,8 @@ def dkm(xs, w0, plan, z, noise, c=RECORD_BOUND, points_per_client=10, seed=0):
     """DKM [30] (distributed coreset): each sampled client runs local k-means (5 Lloyd steps
     from the global centroids), uploads its local centres as noisy sums/counts and
     ``points_per_client`` points sampled ∝ their local cost, noised, with weights; the server
-    keeps the union coreset of the last 10 rounds and runs weighted Lloyd on it from the current W."""
+    keeps the union coreset of the last 10 rounds and runs weighted Lloyd on it from the current W.
+    """
     rng = np.random.default_rng(seed)
     w = w0.copy()
     core_pts, core_w = [], []

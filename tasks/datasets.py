@@ -694,7 +694,8 @@ def load_dataset(name: str, data_dir: str | None = None) -> DatasetSplits:
 def source(name: str, data_dir: str | None = None) -> tuple[str, str | None]:
     """``(name, folder)`` that ``load_dataset(name, data_dir)`` reads: the checked name and
     the resolved absolute folder (Fashion-MNIST's default folder when none is given;
-    None for other datasets without one)."""
+    None for other datasets without one).
+    """
     name = _check_name(name.strip())
     if not data_dir and name == "fashion-mnist":
         data_dir = DEFAULT_FASHION_MNIST_DIR

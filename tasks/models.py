@@ -37,14 +37,7 @@ from torch import nn
 
 from tasks.datasets import ArrayDataset
 from tasks.model_names import (
-    BK_MODE,
-    BK_MODELS,
-    FASTEST_GRAD_SAMPLE_MODE,
-    GRAD_SAMPLE_MODES,
-    LINEAR_MODE,
-    LINEAR_MODELS,
     MODELS,
-    resolve_grad_sample_mode,
 )
 
 log = logging.getLogger(__name__)

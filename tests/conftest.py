@@ -9,6 +9,42 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs several workers on this machine's few cores: one torch/BLAS thread each
+    # (two spinning OpenMP threads per worker would only steal each other's cores).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: The cost tiers (pyproject's markers): ``slow`` is set on the test, ``system`` where a test runs
+#: whole experiments (in tests/system/, or through ``run_config_factory``) or says so; the rest is
+#: ``unit``. Run one tier with ``-m unit``, ``-m system``, ``-m slow``; ``-m "not slow"`` is the fast tier.
+TIERS = ("slow", "system", "unit")
+
+
+def _tier(item: pytest.Item) -> str:
+    for tier in TIERS:
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    if "tests/system/" in item.path.as_posix() or "run_config_factory" in getattr(item, "fixturenames", ()):
+        return "system"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, and start the costly ones first.
+
+    Slow tests first, then system, then unit (stable within a tier): with ``-n`` (pytest-xdist)
+    the minutes-long deployments start at once and the short tests fill the workers around them,
+    instead of one long test starting last and running alone.
+    """
+    for item in items:
+        tier = _tier(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(tier)
+        item.stash[_TIER] = TIERS.index(tier)
+    items.sort(key=lambda item: item.stash[_TIER])
+
+
+_TIER = pytest.StashKey[int]()
 
 
 @pytest.fixture(autouse=True, scope="session")

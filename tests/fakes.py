@@ -12,7 +12,6 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from protocol import keys
 
-
 #: The mechanism figures of a fake train reply: σ so large that the ε the server recomputes
 #: from them stays far below any claimed ε in these tests (q and steps of one whole-update
 #: release, what an update-mode strategy expects).

@@ -141,9 +141,9 @@ def udp_upload(delta: Sequence[np.ndarray], *, clip: float, sigma: float, shares
 def fedceo_smoothed_update(global_weights: Sequence[np.ndarray], uploads: Sequence[Sequence[np.ndarray]],
                            target: int, threshold: float) -> list[np.ndarray]:
     """ŵ_target − w0 after FedCEO's T-tSVD over the K uploaded models w0 + Δ̃_k."""
-    models = [[w + d for w, d in zip(global_weights, up)] for up in uploads]
+    models = [[w + d for w, d in zip(global_weights, up, strict=True)] for up in uploads]
     smoothed = smooth_client_models(models, threshold)
-    return [s - w for s, w in zip(smoothed[target], global_weights)]
+    return [s - w for s, w in zip(smoothed[target], global_weights, strict=True)]
 
 
 def gradient_from_update(delta: Sequence[np.ndarray], lr: float) -> list[torch.Tensor]:
@@ -200,7 +200,7 @@ def dlg_reconstruct(
         def matching_loss() -> torch.Tensor:
             loss = torch.sum(-F.softmax(dummy_y, dim=-1) * F.log_softmax(model(dummy_x), dim=-1))
             grads = torch.autograd.grad(loss, params, create_graph=True)
-            return torch.stack([((g - t) ** 2).sum() for g, t in zip(grads, target)]).sum()
+            return torch.stack([((g - t) ** 2).sum() for g, t in zip(grads, target, strict=True)]).sum()
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad()
@@ -386,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("wrote %s", args.out)
     if args.png is not None:
         images, _ = load_images(args.targets)
-        save_mosaic(results, dict(zip(args.targets, images)), args.png)
+        save_mosaic(results, dict(zip(args.targets, images, strict=True)), args.png)
         log.info("wrote %s", args.png)
     return 0
 

@@ -94,8 +94,8 @@ def execute(job: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     torch.set_num_threads(1)
     logging.disable(logging.INFO)
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     key, cfg, out = job
     started = time.perf_counter()

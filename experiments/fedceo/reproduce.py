@@ -78,8 +78,8 @@ def execute(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     logging.disable(logging.INFO)  # Flower and privet log every round at INFO
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     started = time.perf_counter()
     grid = InProcessGrid(client_app, simulation_node_configs(int(cfg["num-clients"])), cfg)
@@ -121,7 +121,7 @@ def run_all(jobs: list[tuple[str, dict[str, Any]]], workers: int, force: bool, r
     todo = [(k, {**c, "out-dir": str(out_root / k)}) for k, c in jobs if force or k not in done]
     print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {runs_json.name})", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for result in pool.map(execute, *zip(*todo)) if todo else []:
+        for result in pool.map(execute, *zip(*todo, strict=True)) if todo else []:
             done = {**_load_runs(runs_json), result["key"]: result}
             tmp = runs_json.with_suffix(".tmp")
             tmp.write_text(json.dumps(done, indent=1, sort_keys=True))
@@ -240,7 +240,7 @@ def tune_table(dataset: str, model: str, grid: dict[str, Any], done: dict[str, A
         cells = [udp] + [done.get(run_key(dataset, model, "fedceo", sigma, seed, lam)) for lam in lams]
         rows.append(f"| {sigma:.1f} | " + " | ".join(
             (f"{100 * r['final_accuracy']:.2f} / {100 * r['best_accuracy']:.2f}" if r else "–")
-            + ("" if lam is None else f" (λ={lam:g})") for r, lam in zip(cells, [None, *lams])) + " |")
+            + ("" if lam is None else f" (λ={lam:g})") for r, lam in zip(cells, [None, *lams], strict=True)) + " |")
     return "\n".join(rows)
 
 

@@ -94,7 +94,7 @@ _PAPER_ROWS = {
     ("cnn", "shards", "mixgauss3", 20): (0.59, 0.59, 0.55, 0.60, 0.57, 0.69, 0.83),
     ("cnn", "shards", "mixgauss3", 30): (0.57, 0.55, 0.56, 0.55, 0.48, 0.65, 0.83),
 }
-PAPER = {key: dict(zip(_ORDER, row)) for key, row in _PAPER_ROWS.items()}
+PAPER = {key: dict(zip(_ORDER, row, strict=True)) for key, row in _PAPER_ROWS.items()}
 #: the paper's claims as paired comparisons (a, b): a − b on the seeds both ran
 PAIRS = (("pfa", "weiavg"), ("pfa-plus", "pfa"))
 PAPER_SOURCE = {"iid-mixgauss1": "Fig. 3", "iid-mixgauss3": "Fig. 10",
@@ -193,8 +193,8 @@ def run_config(setting: str, method: str, seed: int, sets: list[str], out_dir: s
 
 def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     grid = InProcessGrid(client_app, simulation_node_configs(int(cfg["num-clients"])), cfg)
     started = time.perf_counter()

@@ -53,7 +53,6 @@ def test_a_gdpfed_run_longer_than_the_t_it_declared_is_refused_beyond_t(run_conf
     cfg = run_config_factory(strategy="dp-fedavg", num_clients=4, num_server_rounds=4, min_train_clients=4,
                              budget_distribution="constant", epsilon=8.0, max_examples_per_client=32, batch_size=8,
                              **{"gdpfed.q": 1.0, "gdpfed.group-epsilons": "8"})
-    errors: list[str] = []
 
     def declare_one_round(node: int, msg: Message) -> Message | None:
         if msg.metadata.message_type == "train" and keys.CONFIG in msg.content.config_records:

@@ -146,7 +146,7 @@ def test_substituted_member_keys_are_caught_before_anything_is_shared(run_config
         record = msg.content.config_records[keys.SECAGG_RECORD]
         nodes = cast(list[int], record[keys.SECAGG_NODES])
         pk2s = [k if n == TARGET else public_key_to_bytes(attacker[n][1])
-                for n, k in zip(nodes, cast(list[bytes], record[keys.SECAGG_PK2S]))]
+                for n, k in zip(nodes, cast(list[bytes], record[keys.SECAGG_PK2S]), strict=True)]
         return _rewrite(msg, **{keys.SECAGG_PK2S: pk2s})
 
     loot, summary = secure_run(_config(run_config_factory, mode), substitute, monkeypatch, tmp_path / "roster", loot)
@@ -160,7 +160,7 @@ def test_substituted_member_keys_are_caught_before_anything_is_shared(run_config
     loot = Loot()
     loot, _ = secure_run(_config(run_config_factory, mode), substitute, monkeypatch, None, loot)
     dsts, texts = loot.share_keys[TARGET]
-    opened = [share_keys_plaintext_separate(decrypt(own(d), t)) for d, t in zip(dsts, texts)]
+    opened = [share_keys_plaintext_separate(decrypt(own(d), t)) for d, t in zip(dsts, texts, strict=True)]
     assert len(opened) == len(dsts) == 3 and all(src == TARGET for src, *_ in opened)
     loot.seed_shares[TARGET] = [seed for *_, seed, _ in opened]
     loot.key_shares[TARGET] = [key for *_, key in opened]

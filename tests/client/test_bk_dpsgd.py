@@ -24,7 +24,8 @@ from client.bk_dpsgd import BookKeepingDPSGD, supports_bk_dpsgd
 from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.randomness import OSEntropyNoise, SeededNoise
 from tasks.datasets import ArrayDataset
-from tasks.models import BK_MODELS, MODELS, build_model, get_weights
+from tasks.model_names import BK_MODELS, MODELS
+from tasks.models import build_model, get_weights
 
 BATCH = 6
 

@@ -8,17 +8,16 @@ that uses small budgets fully, ledgers kept across simulated runs).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from client.work import ModelWork, PersonalizedWork
 from client.training import LocalTrainingConfig, poisson_batches, train_dpsgd
+from client.work import ModelWork, PersonalizedWork
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.mechanisms import DPSGD
@@ -116,8 +115,8 @@ def test_calibration_uses_a_small_budget_as_fully_as_a_large_one(target):
 
 def test_simulated_ledgers_carry_over_runs_with_ledger_dir(run_config_factory, tmp_path):
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     def run(run_id):
         cfg = run_config_factory(num_server_rounds=1, run_epsilon=1.0, ledger_dir=str(tmp_path / "ledgers"),

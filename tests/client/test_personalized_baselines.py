@@ -20,20 +20,19 @@ from client.personalization import (
     personalize_for_evaluation,
     training_size,
 )
-from client.work import ModelWork, PersonalizedWork
-from privacy.randomness import SeededNoise
 from client.training import LocalTrainingConfig, dpsgd_sample_rate, dpsgd_steps_per_round
+from client.work import ModelWork, PersonalizedWork
 from privacy.mechanisms import l2_norm
-from server.app import run_experiment
-from server.config import RunConfig
+from privacy.randomness import SeededNoise
 from privet.inprocess import InProcessGrid, simulation_node_configs
-from server.registry import build_strategy
 from protocol import keys
 from protocol.train_config import TrainConfig
+from server.app import run_experiment
+from server.config import RunConfig
+from server.registry import build_strategy
 from strategies.personalized import CENTAUR, PPSGD
-from tasks.models import head_parameter_names
 from tasks.datasets import ArrayDataset
-from tasks.models import build_model, get_weights, set_weights, train_plain, weight_names
+from tasks.models import build_model, get_weights, head_parameter_names, set_weights, train_plain, weight_names
 
 
 def _capture_uploads(store):
@@ -89,7 +88,7 @@ def test_private_run_completes_within_budgets_and_reports_personal_accuracy(run_
         for _, _, sent, got in uploads:
             for i in head:  # nothing of the local head leaves the client
                 np.testing.assert_array_equal(got[i], sent[i])
-            assert not all(np.array_equal(g, s) for g, s in zip(got, sent))  # the body moved
+            assert not all(np.array_equal(g, s) for g, s in zip(got, sent, strict=True))  # the body moved
             for i in head:  # the server keeps the global head as it was
                 np.testing.assert_array_equal(sent[i], uploads[0][2][i])
         assert {r for _, r, _, _ in uploads} == {1, 2}
@@ -153,7 +152,7 @@ def test_upload_is_global_plus_clipped_shared_update(scheme):
     metrics, steps = train_personalized(model, data, LOCAL, _config(scheme), ctx, clip=clip,
                                         noise_multiplier=0.0, partition_id=0, noise=SeededNoise(0))
     upload = get_weights(model)
-    delta = [u - g for u, g in zip(upload, global_w)]
+    delta = [u - g for u, g in zip(upload, global_w, strict=True)]
     assert l2_norm(delta) <= clip * (1 + 1e-6)
     assert metrics[keys.CLIPPED] == 1.0 and metrics[keys.NUM_EXAMPLES] == 48  # 80% of 60
     assert steps == [(0.0, 1.0, 1)]  # one release, as in update mode (here σ = 0)
@@ -195,7 +194,7 @@ def test_personal_state_carries_over_rounds_and_drives_evaluation():
     content = RecordDict({keys.CONFIG: _config("additive").encode()})
     evaluated, test = personalize_for_evaluation(content, ctx, _model(), data, 0)
     assert len(test) == 12
-    for w, g, v in zip(get_weights(evaluated), global_w, v2):
+    for w, g, v in zip(get_weights(evaluated), global_w, v2, strict=True):
         np.testing.assert_allclose(w, g + v, rtol=1e-6, atol=1e-7)
     plain, same = personalize_for_evaluation(RecordDict({keys.CONFIG: ConfigRecord({})}), ctx, _model(), data, 0)
     assert same is data
@@ -231,7 +230,7 @@ def test_ppsgd_joint_steps_equal_one_model_at_the_summed_rate(momentum):
     u + v exactly as SGD on w at (1+α)η, and splits the move 1 : α."""
     alpha, cfg, data = 0.7, replace(LOCAL, momentum=momentum), _shard()
     model = _model()
-    u0 = dict(zip(weight_names(model), get_weights(model)))
+    u0 = dict(zip(weight_names(model), get_weights(model), strict=True))
     rng = np.random.default_rng(1)
     v0 = {n: 0.01 * rng.standard_normal(a.shape).astype(a.dtype) for n, a in u0.items()}
     u, v, _ = _train_additive(model, data, cfg, v0, alpha)  # two parameter groups
@@ -239,7 +238,7 @@ def test_ppsgd_joint_steps_equal_one_model_at_the_summed_rate(momentum):
     set_weights(w_model, [u0[n] + v0[n] for n in u0])
     train_plain(w_model, data, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=(1 + alpha) * cfg.learning_rate,
                 momentum=cfg.momentum, seed=cfg.seed)
-    for n, w in zip(u0, get_weights(w_model)):
+    for n, w in zip(u0, get_weights(w_model), strict=True):
         moved = w - u0[n] - v0[n]
         np.testing.assert_allclose(u[n], u0[n] + moved / (1 + alpha), atol=2e-5)
         np.testing.assert_allclose(v[n], v0[n] + alpha * moved / (1 + alpha), atol=2e-5)
@@ -263,10 +262,10 @@ def test_dpsgd_round_charges_the_dpsgd_steps_and_keeps_the_head_local(scheme):
     upload = get_weights(model)
     names = weight_names(model)
     head = head_parameter_names(names) if scheme == "head" else []
-    for n, sent, got in zip(names, global_w, upload):
+    for n, sent, got in zip(names, global_w, upload, strict=True):
         if n in head:
             np.testing.assert_array_equal(got, sent)  # nothing of the local head leaves
-    assert any(not np.array_equal(g, s) for n, s, g in zip(names, global_w, upload) if n not in head)
+    assert any(not np.array_equal(g, s) for n, s, g in zip(names, global_w, upload, strict=True) if n not in head)
     personal = ctx.state[f"{STATE_KEY_PREFIX}.{scheme}"].to_numpy_ndarrays()
     assert l2_norm(personal) > 0
 

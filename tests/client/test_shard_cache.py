@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import client.model_task as model_task
-from protocol.run_settings import RunSettings
 from client.profile import resolve_profile
 from client.shard_cache import OFF, cached_shard, shard_key
+from protocol.run_settings import RunSettings
 from tasks import datasets
 from tasks.datasets import ArrayDataset, load_dataset
 from tasks.partition import client_data

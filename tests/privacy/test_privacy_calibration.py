@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from privacy.accountants import ADD_REMOVE, REPLACE_ONE, epsilon_of
+from privacy.accountants import ADD_REMOVE, epsilon_of
 from privacy.calibration import MAX_SIGMA, epsilon_for, noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from privacy.accountants import ADD_REMOVE, REPLACE_ONE, epsilon_of
+from privacy.accountants import REPLACE_ONE, epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger

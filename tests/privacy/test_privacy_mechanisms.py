@@ -47,7 +47,7 @@ def test_clip_bounds_norm_and_keeps_direction(dtype: type) -> None:
         assert [c.shape for c in clipped] == [a.shape for a in update]
         assert all(c.dtype == np.dtype(dtype) for c in clipped)
         if norm <= clip:  # unchanged
-            assert all(np.array_equal(c, a) for c, a in zip(clipped, update))
+            assert all(np.array_equal(c, a) for c, a in zip(clipped, update, strict=True))
         else:  # on the sphere of radius C, same direction
             rtol = 1e-12 if dtype is np.float64 else 10 * float(np.finfo(dtype).eps)
             assert l2_norm(clipped) == pytest.approx(clip, rel=rtol)
@@ -98,7 +98,7 @@ def test_noise_is_reproducible_by_seed_only() -> None:
     a = gaussian_noise_like(arrays, 1.0, np.random.default_rng(7))
     b = gaussian_noise_like(arrays, 1.0, np.random.default_rng(7))
     c = gaussian_noise_like(arrays, 1.0, np.random.default_rng(8))
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not np.array_equal(a[0], c[0])
     assert all(not z.any() for z in gaussian_noise_like(arrays, 0.0, np.random.default_rng(7)))
 

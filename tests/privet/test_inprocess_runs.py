@@ -4,17 +4,17 @@ Grid: privacy budgets, bad replies, drop-outs, exhaustion, durable ledgers."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
-from server.app import run_experiment
 from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
 from protocol import keys
+from server.app import run_experiment
 
 
 def _run(cfg, node_configs=None, hook=None, run_id=1):
@@ -34,9 +34,9 @@ def _run_incomplete(cfg, node_configs=None, run_id=1):
 def _dp_accounting_epsilon(history, delta):
     """ε of a DP-SGD history under replace-one, with Google's dp_accounting PLD at a 10×
     finer discretisation than the ledger's (independent of Opacus and of our RDP bound)."""
+    import dp_accounting
     from dp_accounting import NeighboringRelation
     from dp_accounting.pld import pld_privacy_accountant
-    import dp_accounting
 
     acct = pld_privacy_accountant.PLDAccountant(NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
     for sigma, q, steps in history:

@@ -11,11 +11,11 @@ from flwr.app import ConfigRecord
 
 from client import app as client_module
 from client.ledger_store import STATE_KEY
-from protocol.keys import DP_MODES
 from protocol import keys
 from protocol.budget_query import BudgetQuery
 from protocol.dpfedc import DPFedCRound
 from protocol.errors import ERROR_CONFIG
+from protocol.keys import DP_MODES
 from protocol.train_config import TrainConfig
 from tests.system.test_threat_model import _context, _global_arrays, _message
 

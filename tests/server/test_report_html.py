@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from client.app import app as client_app
-from server.app import run_experiment
 from privet.cli import main as privet
 from privet.inprocess import InProcessGrid, simulation_node_configs
+from server.app import run_experiment
 from server.report_html import _ticks, write_report
 
 SMALL = {"num-clients": 3, "num-server-rounds": 2, "max-examples-per-client": 120, "min-train-clients": 3}

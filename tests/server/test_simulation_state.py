@@ -16,11 +16,11 @@ from uuid import uuid4
 
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
 from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
 from flwr.server.superlink.linkstate import InMemoryLinkState, LinkStateFactory
 from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
-from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
 from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.supercore.run import Run
@@ -30,7 +30,6 @@ from flwr.superlink.grid import InMemoryGrid
 
 from privet.inprocess import InProcessGrid
 from server.simulation_state import NodeIndex, index_by_node, index_simulation_state
-
 
 RUN_ID = 7
 

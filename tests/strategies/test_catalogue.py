@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.keys import DP_MODES
 from privet.cli import build_parser
+from protocol.keys import DP_MODES
 from server.config import ConfigError, RunConfig
 from server.registry import build_strategy
 from strategies.base import PrivacyAwareFedAvg

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,8 +229,8 @@ def _dpfedc_config(run_config_factory, tmp_path, **kw):
 
 def _run(cfg, hook=None):
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     summary = run_experiment(grid, cfg, run_id=1)

@@ -18,8 +18,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from protocol import keys
-from tests.fakes import BudgetGrid, train_reply
 from strategies.fedceo import DIAG_CLIENTS, DIAG_SMOOTHED, DIAG_THRESHOLD, FedCEO, FedCEOConfig
+from tests.fakes import BudgetGrid, train_reply
 
 NAMES = ["conv.weight", "conv.bias", "fc.weight", "fc.bias"]
 SHAPES = [(3, 2, 2, 2), (3,), (4, 5), (4,)]
@@ -61,7 +61,7 @@ def oracle_global(models: list[list[np.ndarray]], thr: float) -> list[np.ndarray
 
 # ------------------------------------------------------------------------ fake rounds
 def _record(arrays) -> ArrayRecord:
-    return ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(NAMES, arrays)})
+    return ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(NAMES, arrays, strict=True)})
 
 
 def _round(strategy, server_round, global_model, uploads):
@@ -115,7 +115,7 @@ def test_smoothing_round_global_is_the_svt_of_the_average_and_clients_get_their_
     _close(g2, oracle_global(models, thr))
     _close(g2, [np.mean([m[i] for m in oracle_smooth(models, thr)], axis=0) for i in range(len(SHAPES))])
     plain = [np.mean([m[i] for m in models], axis=0, dtype=np.float64) for i in range(len(SHAPES))]
-    assert max(np.abs(a - b).max() for a, b in zip(g2, plain)) > 1e-2, "the threshold must bite"
+    assert max(np.abs(a - b).max() for a, b in zip(g2, plain, strict=True)) > 1e-2, "the threshold must bite"
     entry = strategy.round_log[-1].diagnostics
     assert entry[DIAG_SMOOTHED] == 1.0 and entry[DIAG_CLIENTS] == 3.0
     assert entry[DIAG_THRESHOLD] == pytest.approx(thr)
@@ -125,7 +125,7 @@ def test_smoothing_round_global_is_the_svt_of_the_average_and_clients_get_their_
     personal = oracle_smooth(models, thr)
     for k, node in enumerate(NODES[:3]):
         _close(sent3[node], personal[k])
-        assert max(np.abs(a - b).max() for a, b in zip(sent3[node], g2)) > 1e-3
+        assert max(np.abs(a - b).max() for a, b in zip(sent3[node], g2, strict=True)) > 1e-3
     _close(sent3[103], g2, tol=0)
 
     # Round 4: after a non-smoothing round everyone starts from the global again.
@@ -145,7 +145,7 @@ def test_restart_global_sends_everyone_the_global_model_after_smoothing():
     sent_glob, _ = _round(glob, 2, g_glob, _uploads(rng, NODES))
     for n in NODES:
         _close(sent_glob[n], g_glob, tol=0)
-        assert max(np.abs(a - b).max() for a, b in zip(sent_own[n], g_own)) > 1e-3
+        assert max(np.abs(a - b).max() for a, b in zip(sent_own[n], g_own, strict=True)) > 1e-3
 
 
 @pytest.mark.parametrize("theta", [1.0, 1.2])
@@ -238,8 +238,8 @@ def test_config_section_defaults_and_registry(run_config_factory):
 # ---------------------------------------------------------------- in-process end-to-end
 def _run(cfg, hook=None):
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     summary = run_experiment(grid, cfg, run_id=1)
@@ -299,7 +299,7 @@ def test_tiny_fedceo_run_personalises_and_stays_within_budgets(run_config_factor
 
     def identical(t):
         first, *rest = downloads[t].values()
-        return all(all(np.array_equal(a, b) for a, b in zip(first, other)) for other in rest)
+        return all(all(np.array_equal(a, b) for a, b in zip(first, other, strict=True)) for other in rest)
 
     # everyone gets the same global in rounds 2 and 4; after a smoothing round (t = 3)
     # each client gets its own smoothed model

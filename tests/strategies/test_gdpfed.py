@@ -9,17 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
 from privacy.accountants import epsilon_of
 from privacy.budgets import budgets_for
 from privacy.group_calibration import PAPER_SETTINGS, group_noise_multipliers, ledger_settings, paper_delta
 from privacy.mechanisms import privatize_update
+from privet.inprocess import InProcessGrid, simulation_node_configs
+from protocol import keys
 from server.app import run_experiment
 from server.config import ConfigError, RunConfig
-from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
-from protocol import keys
 from strategies.base import AcceptedReply
 from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig, GDPFedStrategy, plan_groups
 from strategies.gdpfed_math import (
@@ -96,7 +96,7 @@ def test_unreachable_budget_names_the_key():
 def test_optimal_sampling_is_feasible_and_beats_uniform_and_table1():
     sizes, eps, delta = [2000] * 3, [0.5, 1.5, 3.0], paper_delta(6000)
     q = optimal_sampling(sizes, eps, 0.02, delta, 50)
-    assert sum(qm * g for qm, g in zip(q, sizes)) == pytest.approx(120.0)
+    assert sum(qm * g for qm, g in zip(q, sizes, strict=True)) == pytest.approx(120.0)
     assert all(0 < qm <= 1 for qm in q) and q == sorted(q)  # looser groups are sampled more
     f = lambda rates: problem1_objective(rates, sizes, eps, delta, 50)  # noqa: E731
     assert f(q) <= f([0.02] * 3) and f(q) <= f([0.0069, 0.0189, 0.0342]) + 1e-12
@@ -147,7 +147,7 @@ def test_top_k_keeps_exactly_the_largest_magnitudes():
     threshold = np.sort(np.abs(flat))[-k]  # independent: the k-th largest magnitude
     assert np.all(kept[np.abs(flat) >= threshold] == flat[np.abs(flat) >= threshold])
     assert [a.shape for a in out] == [a.shape for a in layers] and out[0].dtype == np.float32
-    assert all(np.array_equal(a, b) for a, b in zip(sparsify_top_k(layers, 1.0), layers))
+    assert all(np.array_equal(a, b) for a, b in zip(sparsify_top_k(layers, 1.0), layers, strict=True))
     for bad in (0.0, 1.5, math.nan):
         with pytest.raises(ValueError, match="outside"):
             sparsify_top_k(layers, bad)
@@ -173,9 +173,9 @@ def test_plans_of_the_idp_baselines_meet_every_group_budget():
     base, _ = plan_groups(GDPFED_STRATEGIES["gdpfed"].variant, params, _budgets(), 10, 1.5)
     scale, _ = plan_groups(GDPFED_STRATEGIES["idp-fedavg-scale"].variant, params, _budgets(), 10, 1.5)
     sample, _ = plan_groups(GDPFED_STRATEGIES["idp-fedavg-sample"].variant, params, _budgets(), 10, 1.5)
-    stds = [c * s for c, s in zip(scale.clips, scale.sigmas)]
+    stds = [c * s for c, s in zip(scale.clips, scale.sigmas, strict=True)]
     assert stds == pytest.approx([stds[0]] * 3)  # one noise std for all groups
-    assert all(s >= b * (1 - 1e-12) for s, b in zip(scale.sigmas, base.sigmas))
+    assert all(s >= b * (1 - 1e-12) for s, b in zip(scale.sigmas, base.sigmas, strict=True))
     assert len(set(sample.sigmas)) == 1
     for plan in (base, scale, sample):  # planned with the default accountant (PRV), charged by it
         for eps, sigma, q in zip(plan.epsilons, plan.sigmas, plan.sample_rates, strict=True):
@@ -207,7 +207,7 @@ def test_aggregation_is_global_plus_weighted_group_sums():
         s.group_of[node] = m
         arrays = [g + rng.normal(size=g.shape).astype(np.float32) for g in s._global]
         replies.append(_reply(node, arrays))
-        by_group[m].append([a - g for a, g in zip(arrays, s._global)])
+        by_group[m].append([a - g for a, g in zip(arrays, s._global, strict=True)])
     new = s.aggregate_models(1, replies)
     for j, g in enumerate(s._global):  # independent: θ + Σ_m ω_m Σ_i Δ_i
         expect = g.astype(np.float64) + sum(s.plan.weights[m] * sum(u[j] for u in by_group[m]) for m in range(3))

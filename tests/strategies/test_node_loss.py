@@ -105,9 +105,8 @@ def test_a_client_lost_with_its_ray_actor_is_a_drop_and_a_round_below_its_minimu
     Flower writes for a dead actor, and another client fails. The first is booked as a drop
     (summary, round row, report), the second as a rejection, in the report's own section; the
     round, now below ``min-accepted-clients``, fails: the run is incomplete."""
-    from tests.system.test_site_faults import _run
-
     from privet.inprocess import FIRST_NODE_ID, simulation_node_configs
+    from tests.system.test_site_faults import _run
 
     lost = flower_reply(ray.exceptions.ActorDiedError())
     cfg = run_config_factory(num_server_rounds=3, min_accepted_clients=3, budget_distribution="constant",

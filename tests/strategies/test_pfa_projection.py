@@ -12,11 +12,9 @@ import logging
 import numpy as np
 import pytest
 
-from strategies import pfa_projection as pfa
-from strategies import pfa_subspace
-from strategies import pfa_split
 from protocol import pfa_plus
-from strategies import layers
+from strategies import layers, pfa_split, pfa_subspace
+from strategies import pfa_projection as pfa
 
 SHAPES = [(6, 4), (4,), (2, 3, 2)]  # a dense weight, its bias, a small conv kernel
 

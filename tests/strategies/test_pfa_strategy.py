@@ -16,8 +16,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 
 from client.pfa_coordinates import encode_pfa_coordinates
 from protocol import keys
-from tests.fakes import BudgetGrid, train_reply
 from strategies.pfa import PFA, PFAConfig, PFAPlus, WeiAvg
+from tests.fakes import BudgetGrid, train_reply
 
 NAMES = ["fc.weight", "fc.bias", "conv.weight"]
 
@@ -43,7 +43,7 @@ def _model(rng, scale=1.0):
 
 
 def _record(arrays):
-    return ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(NAMES, arrays)})
+    return ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(NAMES, arrays, strict=True)})
 
 
 def _round(strategy, server_round, global_model, budgets, trained, encode=False):
@@ -127,7 +127,7 @@ def test_pfa_matches_an_independent_projection_with_a_global_public_set():
     trained = _trained(rng, g, BUDGETS)
     _, got = _round(strategy, 1, g, BUDGETS, trained)
     assert strategy.public_nodes() == PUBLIC
-    for a, b in zip(got, _pfa_numpy(g, trained, BUDGETS, PUBLIC)):
+    for a, b in zip(got, _pfa_numpy(g, trained, BUDGETS, PUBLIC), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert strategy.round_log[-1].diagnostics["pfa-num-public"] == 3.0
 
@@ -137,7 +137,7 @@ def test_pfa_matches_an_independent_projection_with_a_global_public_set():
     trained = _trained(rng, got, [n for n in BUDGETS if n != 107])
     _, got2 = _round(strategy, 2, got, BUDGETS, trained)
     assert strategy.round_log[-1].diagnostics["pfa-num-public"] == 2.0
-    for a, b in zip(got2, _pfa_numpy(got, trained, BUDGETS, PUBLIC)):
+    for a, b in zip(got2, _pfa_numpy(got, trained, BUDGETS, PUBLIC), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -176,7 +176,7 @@ def test_pfa_plus_messages_carry_the_subspace_to_private_clients_only():
             continue
         assert msg.content[keys.CONFIG][keys.UPLOAD_FORMAT] == keys.UPLOAD_COORDINATES
         record = msg.content[keys.PFA_BASIS_RECORD]
-        for name, shape in zip(NAMES, SHAPES):
+        for name, shape in zip(NAMES, SHAPES, strict=True):
             d = int(np.prod(shape))
             assert record[keys.PROJECTION_BASIS_PREFIX + name].shape == (d, 1)
             assert record[keys.PROJECTION_CENTER_PREFIX + name].shape == (d,)
@@ -198,7 +198,7 @@ def test_pfa_plus_equals_pfa_on_the_same_subspace():
     log = plus.round_log[-1]
     assert log.diagnostics["pfa-coordinate-uploads"] == 7.0
     assert log.bytes_up == 3 * sum(4 * int(np.prod(s)) for s in SHAPES) + 7 * 3 * 4
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -208,7 +208,7 @@ def test_coordinate_encoder_projects_the_update_and_names_a_missing_basis():
     bases = [np.linalg.qr(rng.normal(size=(int(np.prod(s)), 2)))[0] for s in SHAPES]
     centers = [rng.normal(size=int(np.prod(s))) for s in SHAPES]
     items = {}
-    for name, v, mu in zip(NAMES, bases, centers):
+    for name, v, mu in zip(NAMES, bases, centers, strict=True):
         items[keys.PROJECTION_BASIS_PREFIX + name] = Array(v)
         items[keys.PROJECTION_CENTER_PREFIX + name] = Array(mu)
     request = RecordDict({keys.ARRAYS: _record(g), keys.PFA_BASIS_RECORD: ArrayRecord(items),
@@ -217,7 +217,7 @@ def test_coordinate_encoder_projects_the_update_and_names_a_missing_basis():
 
     got = encode_upload(request, g, w)
     assert list(got.keys()) == NAMES
-    for c, v, mu, a, b in zip(got.to_numpy_ndarrays(), bases, centers, w, g):
+    for c, v, mu, a, b in zip(got.to_numpy_ndarrays(), bases, centers, w, g, strict=True):
         assert c.dtype == np.float32
         np.testing.assert_allclose(c, v.T @ ((a.astype(np.float64) - b).ravel() - mu), rtol=1e-5)
     del request[keys.PFA_BASIS_RECORD]
@@ -238,8 +238,8 @@ def test_infinite_budgets_are_refused_at_the_handshake_with_a_clear_message():
 # ------------------------------------------------------------------ end to end
 def _run(cfg, hook=None):
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     grid = InProcessGrid(client_app, simulation_node_configs(cfg["num-clients"]), cfg, reply_hook=hook)
     return run_experiment(grid, cfg, run_id=1)

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Error, Message
+from flwr.app import Message
 from scipy import stats
 
 import client.secure_sum as client_sum
 import strategies.secure_rounds as base
 from client.app import app as client_app
-from protocol import keys
 from privacy.secure_sum import add_mod, charged_multiplier, mask, quantisation_for
+from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
+from protocol import keys
 from server.app import run_experiment
 from server.config import ConfigError, RunConfig
-from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
 
 SIGMA = 4.0
 
@@ -244,7 +244,7 @@ def test_masks_are_uniform_distinct_and_cancel():
     assert stats.kstest(a[0] / m, "uniform").pvalue > 1e-4
     x = [np.arange(1000) % m, np.ones((10, 10), np.int64)]
     back = add_mod(add_mod(x, a, m), a, m, -1)
-    assert all(np.array_equal(u, v) for u, v in zip(back, x))
+    assert all(np.array_equal(u, v) for u, v in zip(back, x, strict=True))
 
 
 @pytest.mark.parametrize("clients", [1, 10, 120, 10_000])

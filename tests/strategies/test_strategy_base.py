@@ -25,7 +25,7 @@ def test_weighted_mean_matches_an_explicit_sum():
     w = rng.uniform(1, 100, size=5)
     got = weighted_mean(models, w)
     for j in range(2):
-        expected = sum(wk * m[j].astype(np.float64) for wk, m in zip(w, models)) / w.sum()
+        expected = sum(wk * m[j].astype(np.float64) for wk, m in zip(w, models, strict=True)) / w.sum()
         np.testing.assert_allclose(got[j], expected, rtol=1e-6)
         assert got[j].dtype == np.float32
 

@@ -21,8 +21,15 @@ import time
 
 import pytest
 
-from tests.deploy_support import (FAST, Network, SecureDeployment, generate_certs, netns_unavailable, port_open,
-                                  wait_exit)
+from tests.deploy_support import (
+    FAST,
+    Network,
+    SecureDeployment,
+    generate_certs,
+    netns_unavailable,
+    port_open,
+    wait_exit,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -55,7 +55,7 @@ def test_fedceo_smoothing_of_identical_uploads_keeps_the_mean_and_psnr_helpers()
     w0 = [np.zeros_like(d) for d in delta]
     # K identical uploads: only the DC slice is non-zero; threshold 0 returns them unchanged
     out = fedceo_smoothed_update(w0, [delta] * 4, 1, 0.0)
-    for a, b in zip(out, delta):
+    for a, b in zip(out, delta, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
     image = _image()
     assert psnr(image, image) == float("inf")

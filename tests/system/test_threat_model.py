@@ -14,20 +14,19 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-
 from flwr.supercore.task_identity import TaskIdentity
 
-from client.seeds import client_seed
 from client.app import app as client_app
+from client.seeds import client_seed
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
 from privacy.ledger import PrivacyLedger
 from privacy.mechanisms import l2_norm
 from privacy.randomness import SeededNoise
-from server.config import RunConfig
 from privet.inprocess import FIRST_NODE_ID, InProcessGrid, simulation_node_configs
-from server.registry import train_config
 from protocol import keys
+from server.config import RunConfig
+from server.registry import train_config
 from tasks.datasets import load_dataset
 from tasks.models import build_model, get_weights, weight_names
 
@@ -38,7 +37,7 @@ def _global_arrays(cfg: dict) -> ArrayRecord:
     splits = load_dataset(cfg["dataset"], cfg["data-dir"] or None)
     model = build_model(cfg["model"], input_shape=tuple(splits.train.x.shape[1:]),
                         num_classes=splits.train.num_classes, seed=0)
-    return ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(model), get_weights(model))})
+    return ArrayRecord({n: Array(np.asarray(w)) for n, w in zip(weight_names(model), get_weights(model), strict=True)})
 
 
 def _context(cfg: dict, node_config: dict | None = None, node_id: int = FIRST_NODE_ID) -> Context:

@@ -202,7 +202,13 @@ def test_auto_grad_sample_mode_takes_the_table_and_only_modes_the_model_supports
     from client.bk_dpsgd import supports_bk_dpsgd
     from client.linear_dpsgd import supports_linear_dpsgd
     from tasks.models import (
-        BK_MODE, BK_MODELS, FASTEST_GRAD_SAMPLE_MODE, GRAD_SAMPLE_MODES, LINEAR_MODE, LINEAR_MODELS, MODELS,
+        BK_MODE,
+        BK_MODELS,
+        FASTEST_GRAD_SAMPLE_MODE,
+        GRAD_SAMPLE_MODES,
+        LINEAR_MODE,
+        LINEAR_MODELS,
+        MODELS,
         resolve_grad_sample_mode,
     )
 
