@@ -6,8 +6,9 @@ Two kinds of block. The first,
     ...
     <!-- end generated -->
 
-is refilled by the generator NAME: ``threat-model`` (the cases of ``server/threat_model.py``) or
-``reproductions`` (``experiments/summary.py``, from the run records). The second,
+is refilled by the generator NAME: ``threat-model`` (the cases of ``server/threat_model.py``),
+``reproductions`` (``experiments/summary.py``, from the run records) or ``benchmarks``
+(``benchmarks/summary.py``, cells of the benchmarks' results tables). The second,
 
     <!-- results: PATH -->              or    <!-- results: PATH#SECTION -->
     ...
@@ -91,7 +92,20 @@ def reproductions_table() -> str:
     return markdown()
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"threat-model": threat_model_table, "reproductions": reproductions_table}
+def benchmarks_table() -> str:
+    """The benchmark summary: one ratio per row, read from benchmarks/results/ (benchmarks/summary.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmarks_summary", ROOT / "benchmarks" / "summary.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return str(module.markdown())
+
+
+GENERATORS: dict[str, Callable[[], str]] = {"threat-model": threat_model_table, "reproductions": reproductions_table,
+                                            "benchmarks": benchmarks_table}
 
 
 def render(text: str) -> str:
