@@ -192,8 +192,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def sweep_table(name: str, rows: list[dict[str, Any]]) -> str:
     """Markdown for one of Tables 8-10: ours (final accuracy, mean ± std over seeds) / paper."""
     title, columns, paper = SWEEPS[name]
-    lines = [f"**{title}** (n = 6000, T = 50, model `cnn`, σ_m by RDP replace-one as before #36; ours / paper; "
-             "seeds in brackets)", "",
+    what = title.split(": ", 1)[1]
+    lines = [f"{what[0].upper()}{what[1:]}: n = 6000, T = 50, model `cnn`, σ_m by RDP replace-one (before #36); "
+             "final accuracy (%), ours / paper; seeds in brackets.", "",
              "| Method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for method, by_column in paper.items():
         cells = []
@@ -206,6 +207,122 @@ def sweep_table(name: str, rows: list[dict[str, Any]]) -> str:
             cells.append(f"{ours} ({len(acc)}) / {by_column[column]}")
         lines.append(f"| {METHODS[method][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+#: Table 3's σ² (FMNIST; docs/notes/gdpfed.md §4), add/remove RDP, beside ours.
+PAPER_SIGMA2: dict[str, str] = {"dp-fedavg": "2.26", "gdpfed": "2.26, 0.90, 0.53", "gdpfed-op": "1.42, 0.87, 0.70",
+                                "gdpfed-plus": "1.42, 0.87, 0.70"}
+#: Table 6 (FMNIST): k_m/d per group -> (method, extra, paper); (1, 1, 1) is GDPFed-op, (0.7, 0.8, 0.9) GDPFed+.
+TABLE6: dict[str, tuple[str, dict[str, Any], str]] = {
+    "1, 1, 1": ("gdpfed-op", {}, "75.65±0.53"),
+    **{f"{k}, {k}, {k}": ("gdpfed-plus", {"gdpfed.sparsity": [k, k, k]}, paper)
+       for k, paper in ((0.9, "75.89±0.53"), (0.7, "75.79±0.44"), (0.5, "75.37±0.41"), (0.3, "74.92±0.02"),
+                        (0.1, "72.37±0.35"))},
+    "0.7, 0.8, 0.9": ("gdpfed-plus", {}, "75.83±0.47"),
+    **{", ".join(map(str, ks)): ("gdpfed-plus", {"gdpfed.sparsity": list(ks)}, paper)
+       for ks, paper in (((0.5, 0.7, 0.9), "75.79±0.49"), ((0.3, 0.5, 0.7), "75.62±0.43"),
+                         ((0.1, 0.3, 0.5), "75.52±0.27"))},
+}
+#: The paired gaps Table 2's sections report (a − b).
+GAPS = (("gdpfed-plus", "dp-fedavg"), ("gdpfed", "dp-fedavg"), ("gdpfed-plus", "gdpfed"), ("fedavg", "gdpfed-plus"))
+
+
+def _spread(values: list[float]) -> str:
+    return (f"{statistics.mean(values):.2f}±{statistics.stdev(values):.2f}" if len(values) > 1
+            else f"{values[0]:.2f}" if values else "–")
+
+
+def _paper(method: str) -> float:
+    return float(METHODS[method][1].split("±")[0])
+
+
+def table2(rows: list[dict[str, Any]], model: str, current: bool) -> str:
+    """Table 2 at n = 6000, T = 50 for one model and σ_m calibration (current: #36's; else before #36).
+
+    Per method: final and best-round test accuracy (mean ± std over seeds), σ_m² beside Table 3's, the largest
+    share of a budget any client spent; then the paired gaps of :data:`GAPS` (95 % bootstrap interval).
+    """
+    from privet.paired import bootstrap_interval, paired_gaps
+
+    rows = [r for r in rows if r["clients"] == 6000 and r["rounds"] == 50 and model_of(r) == model
+            and not json.loads(_extra(r))
+            and (r["method"] == "fedavg" or ("before #36" in calibration_of(r)) != current)]
+    lines = ["| Method | seeds | ours: final | ours: best round | paper Table 2 | σ_m² ours | σ_m² paper (Table 3) | "
+             "max spent/budget | all within budget |", "|---|---|---|---|---|---|---|---|---|"]
+    finals: dict[str, dict[int, float]] = {}
+    for method, (legend, paper) in METHODS.items():
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["seed"])
+        if not rs:
+            continue
+        finals[method] = {r["seed"]: 100 * r["final_accuracy"] for r in rs}
+        plan = rs[-1].get("plan")
+        sigma2 = ", ".join(f"{s * s:.2f}" for s in plan["sigmas"]) if plan else "–"
+        spent = [r["max_spent_over_budget"] for r in rs if r.get("max_spent_over_budget") is not None]
+        lines.append(f"| {legend} | {','.join(str(r['seed']) for r in rs)} | {_spread(list(finals[method].values()))} "
+                     f"| {_spread([100 * r['best_accuracy'] for r in rs])} | {paper} | {sigma2} | "
+                     f"{PAPER_SIGMA2.get(method, '–')} | {f'{max(spent):.3f}' if spent else '–'} | "
+                     f"{all(r['all_within_budget'] for r in rs)} |")
+    gaps = []
+    for a, b in GAPS:
+        paired = paired_gaps(finals.get(a, {}), finals.get(b, {}))
+        if not paired:
+            continue
+        per_seed = ", ".join(f"{g:+.2f}" for g in paired.values())
+        ours = "one seed: no interval"
+        if len(paired) > 1:
+            lo, hi = bootstrap_interval(list(paired.values()))
+            ours = f"{statistics.mean(paired.values()):+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        gaps.append(f"| {METHODS[a][0]} − {METHODS[b][0]} | {','.join(map(str, paired))} | {ours} | {per_seed} | "
+                    f"{_paper(a) - _paper(b):+.2f} |")
+    if gaps:
+        lines += ["", "Paired gaps of the final accuracy (points; same seed: same data, initial model and "
+                  "sampling seed; mean [95 % bootstrap interval]):", "",
+                  "| gap | seeds | ours | per seed | paper |", "|---|---|---|---|---|", *gaps]
+    return "\n".join(lines)
+
+
+def table6(rows: list[dict[str, Any]]) -> str:
+    """Table 6 (sparsification levels) before #36: ours per level and its paired difference to (1, 1, 1)."""
+    rows = [r for r in rows if r["clients"] == 6000 and r["rounds"] == 50 and model_of(r) == "cnn"
+            and "before #36" in calibration_of(r)]
+
+    def by_seed(method: str, extra: dict[str, Any]) -> dict[int, float]:
+        return {r["seed"]: 100 * r["final_accuracy"] for r in rows if r["method"] == method and _same(r["extra"], extra)}
+
+    base = by_seed("gdpfed-op", {})
+    paper_base = float(TABLE6["1, 1, 1"][2].split("±")[0])
+    lines = ["GDPFed+ with k_m/d per group (`--set gdpfed.sparsity=[...]`): n = 6000, T = 50, model `cnn`, σ_m by RDP "
+             "replace-one (before #36); final accuracy (%), mean ± std (seeds), and the mean difference to "
+             "(1, 1, 1) = GDPFed-op on the seeds both ran.", "",
+             "| k_m/d (groups 1, 2, 3) | ours: final (seeds) | ours: − (1, 1, 1) (seeds) | paper Table 6 | "
+             "paper: − (1, 1, 1) |", "|---|---|---|---|---|"]
+    for level, (method, extra, paper) in TABLE6.items():
+        ours = by_seed(method, extra)
+        diff = [ours[s] - base[s] for s in sorted(set(ours) & set(base))]
+        lines.append(f"| ({level}) | {_spread(list(ours.values()))} ({len(ours)}) | "
+                     f"{f'{statistics.mean(diff):+.2f} ({len(diff)})' if diff else '–'} | {paper} | "
+                     f"{float(paper.split('±')[0]) - paper_base:+.2f} |")
+    return "\n".join(lines)
+
+
+def document(rows: list[dict[str, Any]]) -> str:
+    """results.md: one ``##`` section per table (scripts/write_docs.py copies sections into the README)."""
+    sections = [
+        ("Table 2, current regime (cnn2, σ_m by the ledgers' accountant)",
+         f"n = 6000, T = 50, model `{MODEL}` (McMahan et al.'s CNN), σ_m calibrated under replace-one by the "
+         "accountant every ledger charges with (PRV; #36); test accuracy (%) after round 50 (final) and at the best "
+         "round, mean ± std over the seeds.\n\n" + table2(rows, MODEL, current=True)),
+        ("Table 2 before #36 (cnn, σ_m by RDP)",
+         "n = 6000, T = 50, model `cnn` (PFA's 26k-parameter CNN), σ_m calibrated by RDP under replace-one while "
+         "the ledgers charged with PRV, so no client spent more than the max spent/budget column's share of its budget; "
+         "test accuracy (%), mean ± std over the seeds.\n\n" + table2(rows, "cnn", current=False)),
+        ("Table 6 before #36: sparsification levels", table6(rows)),
+        *((f"{SWEEPS[name][0].split(':')[0]} before #36: {SWEEPS[name][0].split(': ', 1)[1]}", sweep_table(name, rows))
+          for name in SWEEPS),
+        ("Every recorded run", table(rows)),
+    ]
+    return ("# GDPFed reproduction: generated by experiments/gdpfed/reproduce.py from runs.jsonl\n\n"
+            + "\n\n".join(f"## {heading}\n\n{body}" for heading, body in sections))
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -268,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                     with args.out.open("a") as fh:
                         fh.write(json.dumps(row) + "\n")
     rows = _rows(args.out)
-    text = "\n\n".join([table(rows), *(sweep_table(name, rows) for name in SWEEPS)])
+    text = document(rows)
     (args.out.parent / "results.md").write_text(text + "\n")
     print(text)
     return 0
