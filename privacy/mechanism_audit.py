@@ -93,6 +93,7 @@ __all__ = [
     "KNOWN_SEED",
     "Observation",
     "PROFILE_DELTAS",
+    "assess",
     "audit",
     "dpsgd_game",
     "secure_sum_game",
@@ -472,6 +473,29 @@ def audit(mechanism: str, target_epsilon: float, *, canaries: int, defect: Defec
     start = time.perf_counter()
     obs = GAMES[mechanism](target_epsilon, delta=delta, canaries=canaries, defect=defect, noise=noise,
                            rng=np.random.default_rng(seed), accountant=accountant, **options)
+    return assess(obs, mechanism, defect.name, delta=delta, confidence=confidence, accountant=accountant,
+                  started=start)
+
+
+def assess(obs: Observation, mechanism: str, defect: str = HONEST.name, *, delta: float,
+           confidence: float = DEFAULT_CONFIDENCE, accountant: str = DEFAULT_ACCOUNTANT,
+           started: float | None = None) -> AuditResult:
+    """The statistics of one game's observation set against its charge (module docstring, "The flag").
+
+    Parameters
+    ----------
+    obs : Observation
+        What a game saw (any game: this module's, or one run on privet's client mechanisms).
+    mechanism, defect : str
+        How the result names what was audited.
+    delta, confidence : float
+        The ledger's δ; the confidence of the bounds and the flag.
+    accountant : str
+        The accountant the charge converts with (the ledger's conversion).
+    started : float, optional
+        ``time.perf_counter()`` when the game began (the result's ``seconds`` count from it).
+    """
+    start = time.perf_counter() if started is None else started
     third = 1.0 - (1.0 - confidence) / 3.0  # three tests, each at a third of the significance
     one_run = one_run_audit(obs.scores, obs.secrets, delta, third)
     claim = [(d, epsilon_of(obs.history, d, accountant, obs.relation)) for d in _profile_deltas(delta)]
@@ -483,6 +507,6 @@ def audit(mechanism: str, target_epsilon: float, *, canaries: int, defect: Defec
     violation = max(over, key=lambda p: p[1] - p[2]) if over else None
     cos = obs.cosines
     estimate = one_shot_epsilon(cos[obs.secrets == 1], cos[obs.secrets == -1], delta).epsilon
-    return AuditResult(mechanism, defect.name, int(obs.secrets.size), obs.releases, delta, confidence, charged,
+    return AuditResult(mechanism, defect, int(obs.secrets.size), obs.releases, delta, confidence, charged,
                        one_run, profile[0][1], estimate, violation, obs.history, obs.relation,
                        time.perf_counter() - start, profile)

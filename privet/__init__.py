@@ -10,6 +10,7 @@
     config = privet.TrainConfig(num_rounds=3, dp_mode="dpsgd", local_epochs=1, batch_size=64,
                                 learning_rate=0.05).encode()          # what privet's ClientApp reads
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3, train_config=config)
+    report = privet.audit("experiment.toml", ["dp-mode=update"])   # empirical eps beside the charge
 
 and ``clientapp = "privet:client_app"`` in your app's ``[tool.flwr.app.components]``. Every strategy
 brings the budget handshake, budget-aware sampling, reply verification and each client's ε
@@ -30,7 +31,7 @@ from typing import Any
 __all__ = ["CENTAUR", "DPFedAvg", "DPFedC", "FedAvgHDP", "FedCEO", "GDPFed", "GDPFedOp", "GDPFedPlus",
            "IDPFedAvgSample", "IDPFedAvgScale", "MaximumBudget", "MinimumBudget", "PFA", "PFAGroups", "PFAPlus",
            "PPSGD", "PrivacyAwareFedAvg", "PrivacyLedger", "Roster", "TrainConfig", "UDPFedAvg", "WeiAvg",
-           "client_app", "initial_arrays", "strategy"]
+           "audit", "client_app", "initial_arrays", "strategy"]
 
 #: public name -> (module, attribute), imported on first use
 _LAZY = {
@@ -57,6 +58,7 @@ _LAZY = {
     "PrivacyLedger": ("privacy.ledger", "PrivacyLedger"),
     "Roster": ("protocol.roster", "Roster"),
     "client_app": ("client.app", "app"),
+    "audit": ("privet.audit_cmd", "audit"),
 }
 
 

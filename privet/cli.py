@@ -652,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="privet", description=MAIN_HELP, formatter_class=fmt)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,site,roster}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,site,roster,audit}")
     run = sub.add_parser("run", help="run one experiment (default: the embedded default)",
                          description=RUN_HELP + "\n\nstrategies (--set strategy=NAME):\n" + catalogue_help(),
                          formatter_class=fmt)
@@ -676,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     from privet.roster_cmd import add_parser as add_roster_parser
 
     add_roster_parser(sub)  # privet roster generate (privet/roster_cmd.py)
+    from privet.audit_cmd import add_parser as add_audit_parser
+
+    add_audit_parser(sub)  # privet audit (privet/audit_cmd.py)
     return parser
 
 
