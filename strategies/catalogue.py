@@ -152,8 +152,8 @@ def _dpfedc_nominal(cfg: Any) -> bool:
 
 
 def _gdpfed_check(cfg: Any) -> None:
-    from strategies.gdpfed import check_plan
     from strategies.gdpfed_config import check
+    from strategies.gdpfed_plan import check_plan
     check(cfg)
     check_plan(cfg)
 

@@ -14,7 +14,7 @@ import pytest
 
 from privet.cli import CliError, check_out_dir, load_experiment, main, validate
 from server.console import RunConsole
-from strategies.gdpfed import smallest_q
+from strategies.gdpfed_plan import smallest_q
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,8 @@ from protocol import keys
 from server.app import run_experiment
 from server.config import ConfigError, RunConfig
 from strategies.base import AcceptedReply
-from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedConfig, GDPFedStrategy, plan_groups
+from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedStrategy
+from strategies.gdpfed_config import GDPFedConfig
 from strategies.gdpfed_math import (
     group_weights,
     optimal_sampling,
@@ -29,6 +30,7 @@ from strategies.gdpfed_math import (
     round_counts,
     sparsify_top_k,
 )
+from strategies.gdpfed_plan import plan_groups
 
 # ---------------------------------------------------------------- Table 5 (σ², paper's settings)
 # dataset -> (n, T, ε, q, Table 1's optimal q_m, GDPFed σ², GDPFed-op σ²)
@@ -401,7 +403,7 @@ def test_the_gdpfed_section_is_in_the_apps_config_and_takes_lists_as_text():
     against) equals the class defaults, and lists travel as comma-separated text."""
     from privet.cli import app_defaults
     from server.config import ConfigError, RunConfig
-    from strategies.gdpfed import GDPFedConfig
+    from strategies.gdpfed_config import GDPFedConfig
 
     defaults = app_defaults()
     assert RunConfig.from_flower(defaults).gdpfed == GDPFedConfig()
