@@ -30,7 +30,8 @@ Games (all white-box: the attacker knows the canary directions and every public 
     sees every step's noisy sum and scores the canary by the likelihood ratio of the
     subsampled Gaussian at the declared σ. **This DP-SGD is numpy written here for the audit**
     (vectorised over independent runs, one canary each), not privet's Opacus path in
-    :mod:`client.training`, which phase 2 audits in a real client. Charged (σ, q, steps).
+    :mod:`client.training`, which ``privet audit`` (:mod:`privet.audit_cmd`) runs on canary
+    records in a client's shard. Charged (σ, q, steps).
 
 **Defects** (:class:`Defect`, test-only departures from the charged mechanism): noise at half
 σ, the charge computed for add/remove (sensitivity C) where replace-one (2C) holds, noise
@@ -47,7 +48,9 @@ accountant's ε at each δ' of :data:`PROFILE_DELTAS`: the ledger's history is a
 every δ', and testing it where the attack is strongest is what catches a mechanism that is
 only twice too weak. The one-shot estimate of Andrew et
 al. (cosines of the canaries with the observed model delta) is reported beside them; it is
-an estimate, and never flags.
+an estimate, and never flags. :func:`assess` is that statistics for any game's
+:class:`Observation`: ``privet audit`` (:mod:`privet.audit_cmd`) hands it what its games
+observe on privet's client mechanisms, calibration and ledger for a run config.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ honest mechanism must not be flagged, and its attack must see the canaries where
 strong enough for a positive bound (so that a dead attack cannot pass); a broken one must be
 flagged, with exit status 1 and one line naming the mechanism and both figures. The broken ones:
 noise from a seed the server knows (``noise-source = "seeded"``, a real config option whose
-reports void the guarantee), and, through a test-only hook, a GDPFed client that forgets the T
-releases it paid for while the server asks for 4T rounds.
+reports void the guarantee), and, through test-only hooks on the mechanism the client round runs,
+noise at half the calibrated σ, a charge for sensitivity C where replace-one has 2C, and a GDPFed
+client that forgets the T releases it paid for while the server asks for 4T rounds.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from privacy.accountants import epsilon_of
 from privacy.calibration import noise_multiplier_for
-from privacy.mechanisms import GroupShare, Mechanism, Release
+from privacy.mechanisms import GroupShare, Mechanism, Release, WholeUpdate
 from privet.audit_cmd import audit
 from privet.cli import main
 
@@ -97,6 +99,39 @@ def test_a_secure_sum_with_private_noise_is_not_flagged():
     (a,) = audit(None, SECURE, canaries=300, seed=3).audits
     assert a.game == "secure-sum" and a.mechanism == "secure-share" and not a.flagged, a.line()
     assert a.releases_per_canary >= 2
+
+
+class HalfSigma(WholeUpdate):
+    """Test-only: adds noise at half the σ it reports and charges."""
+
+    def privatize(self, received, trained, release, noise):
+        return super().privatize(received, trained, replace(release, noise_multiplier=release.noise_multiplier / 2),
+                                 noise)
+
+
+class ChargesSensitivityC(WholeUpdate):
+    """Test-only: charges as if the sensitivity were C: σ charged twice the σ it adds (relative to 2C)."""
+
+    def charged(self, sigma: float) -> float:
+        return 2 * super().charged(sigma)
+
+
+@pytest.mark.parametrize("broken", [HalfSigma, ChargesSensitivityC], ids=["half-sigma", "sensitivity-C"])
+def test_update_mode_with_too_little_noise_for_its_charge_is_flagged(broken):
+    """At ε = 4, one round: the honest mechanism is not flagged, the broken ones are (the same canaries)."""
+    sets = ["dp-mode=update", "num-server-rounds=1", "budget-distribution=constant", "epsilon=4.0"]
+
+    def hook(mechanism: Mechanism) -> Mechanism:
+        assert type(mechanism) is WholeUpdate
+        return broken(mechanism.clip, mechanism.noise_multiplier, mechanism.calibration,
+                      noise_shares=mechanism.noise_shares)
+
+    honest = audit(None, sets, canaries=1000, seed=6).audits[0]
+    flagged = audit(None, sets, canaries=1000, seed=6, mechanism_hook=hook).audits[0]
+    assert not honest.flagged, honest.line()
+    assert flagged.flagged, flagged.line()
+    assert flagged.result.charged_epsilon == pytest.approx(4.0, rel=1e-3)  # both charge the budget
+    assert flagged.result.lower_bound > honest.result.lower_bound
 
 
 class ForgetsItsT(GroupShare):
