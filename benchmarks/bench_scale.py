@@ -9,17 +9,23 @@ reads back, from the run's ``rounds.jsonl``:
 - **handshake**: the budget handshake of round 1 (every client declares its budget once);
 - **per round**: the mean wall time of rounds 2..R (sampling, training the sampled clients,
   validation, aggregation, evaluation on the 10,000 test images);
-- **peak memory**: the run's maximum resident set size (``/usr/bin/time``-style, from
-  ``resource.getrusage`` of the child).
+- **CPU per round**: the CPU seconds of the run's whole process tree (Ray's raylet, GCS and
+  workers included) per round over rounds 2..R, read when each round's line appears in
+  ``rounds.jsonl`` (``benchmarks/proc_tree.py``);
+- **peak memory of this N**: the maximum over the run of its process tree's summed PSS (shared
+  pages split among the processes that map them), sampled every 0.5 s, and the peak RSS of its
+  largest single process (``wait4``'s ``ru_maxrss`` of this run's child alone, not a running
+  maximum over earlier runs).
 
-Sizes run one after another; the machine's load is reported with the results, because a
-2-core machine shared with other jobs moves every figure. Ratios to the smallest N are taken
-within this one run.
+With ``--reps`` > 1 the sizes are interleaved (every size once per repetition) and every figure is
+the median with its min-max over repetitions. The machine's load is reported with the results,
+because a 2-core machine shared with other jobs moves every figure. Ratios to the smallest N are
+taken within each repetition.
 
 Usage::
 
     python benchmarks/bench_scale.py --sizes 100 1000 6000 --sampled 20 --rounds 3 --out benchmarks/results/scale.md
-    python benchmarks/bench_scale.py --plot benchmarks/results/scale.json benchmarks/results/scale_simulation.json
+    python benchmarks/bench_scale.py --plot benchmarks/results/scale.json   # CPU per round and handshake against N
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,28 +42,36 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 PRIVET = Path(sys.executable).parent / "privet"
 
 
 def run_once(n: int, rounds: int, backend: str, sampled: int) -> dict[str, float]:
-    """One ``privet run`` at N = n with ``sampled`` clients per round; timings from rounds.jsonl."""
+    """One ``privet run`` at N = n with ``sampled`` clients per round, its process tree watched."""
+    from proc_tree import TreeWatch
+
     out = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
     sets = {"num-clients": n, "fraction-train": sampled / n, "num-server-rounds": rounds, "model": "cnn2",
             "max-examples-per-client": 10, "batch-size": 10, "min-train-clients": sampled}
     cmd = [str(PRIVET), "run", "--backend", backend, "--out", str(out / "r")]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    log = (out / "log").open("w")
     started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    with TreeWatch(proc.pid, out / "r" / "rounds.jsonl", interval=0.1) as watch:
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak, not earlier runs'
+    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
+    log.close()
     if proc.returncode != 0:
-        raise RuntimeError(f"N={n}: privet run failed\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"N={n}: privet run failed\n{(out / 'log').read_text()[-3000:]}")
     rows = [json.loads(x) for x in (out / "r" / "rounds.jsonl").read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r["round"] >= 1]
     elapsed = [r["elapsed_seconds"] for r in rows]
     per_round = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    cpu = watch.mark_cpu  # index 0: the initial evaluation's line; k: round k's
     return {
         "n": n,
         "sampled": len(rows[-1]["sampled"]),
@@ -65,84 +79,136 @@ def run_once(n: int, rounds: int, backend: str, sampled: int) -> dict[str, float
         "handshake_s": rows[0].get("handshake_seconds", float("nan")),
         "round1_s": elapsed[0],
         "per_round_s": sum(per_round) / len(per_round) if per_round else float("nan"),
-        "peak_rss_mb": max(peak, before) / 1024,  # ru_maxrss is in KiB on Linux (max over children so far)
+        "per_round_cpu_s": (cpu[rounds] - cpu[1]) / (rounds - 1) if len(cpu) > rounds > 1 else float("nan"),
+        "peak_pss_mb": watch.peak_memory / 2**20,
+        "peak_rss_largest_mb": usage.ru_maxrss / 1024,  # KiB on Linux
         "row_bytes": len(json.dumps(rows[-1])),
     }
 
 
-def render(results: list[dict[str, float]], args: argparse.Namespace) -> str:
-    base = results[0]
+def _cell(values: list[float], fmt: str) -> str:
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return format(mid, fmt)
+    return f"{format(mid, fmt)} [{format(min(values), fmt)}-{format(max(values), fmt)}]"
+
+
+def summarise(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Per N, the median over repetitions of every figure (the JSON's ``results``; ``runs`` keeps all)."""
+    out = []
+    for i, first in enumerate(runs[0]):
+        per_n = [rep[i] for rep in runs]
+        out.append({k: (statistics.median(r[k] for r in per_n) if isinstance(first[k], float) else first[k])
+                    for k in first})
+    return out
+
+
+def render(record: dict) -> str:
+    """The markdown table of a record: per N, median [min-max] over repetitions."""
+    runs = record["runs"]
+    reps = len(runs)
     lines = [
         "# Cost versus the number of clients",
         "",
-        f"`python benchmarks/bench_scale.py --sizes {' '.join(map(str, args.sizes))} --rounds {args.rounds} "
-        f"--sampled {args.sampled} --backend {args.backend}` on {datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f} at the end. Model `cnn2`, 10 examples per "
-        f"client, {args.sampled} clients sampled per round at every N, DP-SGD batch 10, backend `{args.backend}`.",
+        f"`python benchmarks/bench_scale.py --sizes {' '.join(str(r['n']) for r in runs[0])} --rounds "
+        f"{record['rounds']} --sampled {record['sampled']} --backend {record['backend']} --reps {reps}` on "
+        f"{record['date']}, {record['cpus']} CPUs, load average {record['load_start']:.1f} at the start and "
+        f"{record['load_end']:.1f} at the end. Model `cnn2`, 10 examples per client, {record['sampled']} clients "
+        f"sampled per round at every N, DP-SGD batch 10, backend `{record['backend']}`; "
+        f"{reps} interleaved repetition{'s' if reps > 1 else ''}"
+        f"{' (median [min-max]; ratios within each repetition)' if reps > 1 else ''}.",
         "",
-        "| N | sampled / round | handshake (s) | per round, rounds 2..R (s) | vs smallest N | peak RSS (MB) "
-        "| round row (bytes) | whole run (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | sampled / round | handshake (s) | per round, rounds 2..R (s) | vs smallest N | CPU per round (s) "
+        "| CPU vs smallest N | peak PSS, whole tree (MB) | peak RSS, largest process (MB) | round row (bytes) "
+        "| whole run (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    for i, first in enumerate(runs[0]):
+        per_n = [rep[i] for rep in runs]
+        ratio = [rep[i]["per_round_s"] / rep[0]["per_round_s"] for rep in runs]
+        cpu_ratio = [rep[i]["per_round_cpu_s"] / rep[0]["per_round_cpu_s"] for rep in runs]
         lines.append(
-            f"| {r['n']:,} | {r['sampled']} | {r['handshake_s']:.1f} | {r['per_round_s']:.2f} | "
-            f"{r['per_round_s'] / base['per_round_s']:.2f}x | {r['peak_rss_mb']:.0f} | {r['row_bytes']:,} | "
-            f"{r['wall_s']:.0f} |"
+            f"| {first['n']:,} | {first['sampled']} | {_cell([r['handshake_s'] for r in per_n], '.1f')} | "
+            f"{_cell([r['per_round_s'] for r in per_n], '.2f')} | {_cell(ratio, '.2f')}x | "
+            f"{_cell([r['per_round_cpu_s'] for r in per_n], '.2f')} | {_cell(cpu_ratio, '.2f')}x | "
+            f"{_cell([r['peak_pss_mb'] for r in per_n], '.0f')}"
+            f" | {_cell([r['peak_rss_largest_mb'] for r in per_n], '.0f')} | {first['row_bytes']:,} | "
+            f"{_cell([r['wall_s'] for r in per_n], '.0f')} |"
         )
-    lines += ["", "Peak RSS is the maximum over the child processes started so far (a running maximum); in "
-              "Ray simulation that is the `privet run` / `flwr run` side only (Ray's workers are not its children)."]
+    lines += ["", "Memory is this N's run alone: the peak over the run of the summed PSS of its process tree "
+              "(sampled every 0.5 s; in Ray simulation the raylet, GCS and every worker), and the peak RSS of its "
+              "largest process. CPU per round: the whole tree's user + system seconds."]
     return "\n".join(lines) + "\n"
 
 
 def plot(result_files: list[Path], png: Path) -> None:
-    """Handshake and per-round time against N, one line per results file (backend)."""
+    """CPU seconds per round and the handshake's wall time against N, one line per record (backend).
+
+    CPU, not wall, per round: on the shared machine wall time follows the other jobs' load. A
+    record written before the CPU column existed is drawn in the handshake panel only.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    ticks: set[int] = set()
     for path in result_files:
         data = json.loads(path.read_text())
         ns = [r["n"] for r in data["results"]]
+        ticks.update(ns)
         label = {"inprocess": "in-process", "simulation": "Ray simulation"}[data["backend"]]
-        axes[0].plot(ns, [r["per_round_s"] for r in data["results"]], marker="o", label=label)
+        label += f", {data['sampled']} sampled" + (f", {data['date'][:10]}" if "date" in data else "")
+        if all("per_round_cpu_s" in r for r in data["results"]):
+            axes[0].plot(ns, [r["per_round_cpu_s"] for r in data["results"]], marker="o", label=label)
         axes[1].plot(ns, [r["handshake_s"] for r in data["results"]], marker="o", label=label)
-    for ax, title in zip(axes, ("per round (s), 120 clients sampled", "handshake, once (s)"), strict=True):
+    for ax, title in zip(axes, ("CPU seconds per round, whole process tree", "handshake, once (wall s)"),
+                         strict=True):
         ax.set_xscale("log")
         ax.minorticks_off()
-        ax.set_xticks(ns, [f"{n:,}" for n in ns])
+        ax.set_xticks(sorted(ticks), [f"{n:,}" for n in sorted(ticks)])
         ax.set_xlabel("N clients")
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[1].legend()
     fig.tight_layout()
     fig.savefig(png, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every size (interleaved over repetitions); write the record (.json) and its table (.md)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 6000])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sampled", type=int, default=20, help="clients per round, the same at every N")
     p.add_argument("--backend", choices=("inprocess", "simulation"), default="inprocess")
+    p.add_argument("--reps", type=int, default=1, help="repetitions, the sizes interleaved (median [min-max])")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.md",
                    help="the markdown table; the numbers also go beside it as JSON (same name, .json)")
+    p.add_argument("--render", type=Path, metavar="JSON", help="only rebuild the table from this record (.json)")
     p.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
-                   help="only draw these results files (one line per backend) into benchmarks/results/scale.png")
+                   help="only draw these records (one line per backend) into benchmarks/results/scale.png")
     args = p.parse_args(argv)
     if args.plot:
         plot(args.plot, ROOT / "benchmarks" / "results" / "scale.png")
         return 0
-    results = []
-    for n in args.sizes:
-        results.append(run_once(n, args.rounds, args.backend, args.sampled))
-        print(json.dumps(results[-1]), flush=True)
-    args.out.write_text(render(results, args))
-    args.out.with_suffix(".json").write_text(json.dumps({"backend": args.backend, "sampled": args.sampled,
-                                                         "rounds": args.rounds, "results": results}, indent=1))
+    if args.render:
+        args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        return 0
+    load_start = os.getloadavg()[0]
+    runs: list[list[dict[str, float]]] = []
+    for _ in range(args.reps):
+        runs.append([])
+        for n in args.sizes:
+            runs[-1].append(run_once(n, args.rounds, args.backend, args.sampled))
+            print(json.dumps(runs[-1][-1]), flush=True)
+    record = {"backend": args.backend, "sampled": args.sampled, "rounds": args.rounds,
+              "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load_start,
+              "load_end": os.getloadavg()[0], "results": summarise(runs), "runs": runs}
+    args.out.write_text(render(record))
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     print(args.out.read_text())
     return 0
 
