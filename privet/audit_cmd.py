@@ -37,7 +37,8 @@ by asking for ``extension`` times the T rounds the run declared):
     does not see: the charge's amplification assumes it), beside r_m − 1 members with zero
     updates; every member adds its :class:`~privacy.mechanisms.GroupShare` of the noise. The
     server sees the group sum. The extended run is refused by the canary after the T releases
-    it paid for.
+    it paid for. Where q_m = 1 (no amplification charged) the server also knows which sums the
+    canary is in, and scores those only.
 ``dpsgd`` (record level)
     One client, one run (Steinke et al.): its shard of n records holds m canary records, record
     i with feature 3C on coordinate i of a logistic regression (privet's ``logreg``) and label
@@ -291,10 +292,11 @@ def _setup(run_config: dict[str, Any], client: int) -> _Setup:
     flwr_log.setLevel(logging.ERROR)  # Flower's notes on evaluation settings are not the audit's
     try:
         strategy = build_strategy(RunConfig.from_flower(config))
+        profile = resolve_profile({"partition-id": client, "num-partitions": cfg.num_clients}, run_config)
+    except ValueError as exc:  # a strategy's or a budget's setting, named in the message
+        raise AuditConfigError(str(exc)) from None
     finally:
         flwr_log.setLevel(level)
-    node = {"partition-id": client, "num-partitions": cfg.num_clients}
-    profile = resolve_profile(node, run_config)
     record = train_config(cfg)
     group = isinstance(strategy, GDPFedStrategy)
     if group:
@@ -368,7 +370,9 @@ def _unit_rows(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:
 
 
 def _charged(ledgers: Sequence[PrivacyLedger]) -> PrivacyLedger:
-    return max(ledgers, key=lambda ledger: (ledger.spent(), len(ledger.history)))
+    """The canary ledger that charged the most (one per distinct history: the canaries' agree but for refusals)."""
+    distinct = {tuple(ledger.history): ledger for ledger in ledgers}
+    return max(distinct.values(), key=lambda ledger: (ledger.spent(), len(ledger.history)))
 
 
 def _client_level(setup: _Setup, game: str, *, canaries: int, extension: int, rng: np.random.Generator,
@@ -425,6 +429,8 @@ def _client_level(setup: _Setup, game: str, *, canaries: int, extension: int, rn
                     other = mechanism.run(CanaryWork(received, zero), mechanism.release(sigma), _noise(setup, pid, t))
                     total_sum += other.arrays[0] - received[0]
                     replayed += _replayed_noise(setup, mechanism, sigma, pid, t)
+                if shares == 0 and rate >= 1:
+                    continue  # no amplification is charged: the server may know the canary was not in this sum
             elif shares == 0 or (game == "secure-sum" and shares < shares_per_sum):
                 continue  # too few survivors: the secure sum releases nothing
             residual = total_sum - replayed
@@ -543,7 +549,7 @@ GAME_OBSERVES: Final[dict[str, str]] = {
     "update": "every upload of each canary client (one Gaussian release per round, seen alone)",
     "secure-sum": "only the sum of r_min canary clients' uploads, per round (the secure sum's output)",
     "group-sum": "only the group's sum of r_m noise shares per round, the canary in it with probability q_m "
-                 "(the server does not see who was sampled)",
+                 "(the server does not see who was sampled; at q_m = 1 it knows which sums hold the canary)",
     "dpsgd": "each round's uploaded model of one client whose shard holds the canary records (not the steps)",
 }
 
@@ -682,7 +688,7 @@ Configuration: as privet run (defaults < CONFIG.toml < --set KEY=VALUE).
 examples:
   privet audit
   privet audit --set dp-mode=update --set num-server-rounds=2 --out results/audit
-  privet audit experiments/gdpfed/fmnist.toml --canaries 4000"""
+  privet audit experiments/baselines/udp-fedavg.toml --canaries 4000"""
 
 
 def add_parser(sub: Any) -> None:
