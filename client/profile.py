@@ -15,9 +15,10 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from privacy.budgets import budget_for
 from privacy.randomness import NOISE_SOURCES
@@ -43,6 +44,8 @@ from protocol.keys import (
 from protocol.roster import Roster, SigningKey, simulated_key_path
 from protocol.run_settings import RunSettings
 from protocol.site import SiteFloors
+
+_T = TypeVar("_T")
 
 UserConfig = Mapping[str, bool | int | float | str]
 
@@ -279,10 +282,7 @@ def _roster(path: str, mtime: float) -> Roster:
 
 def load_roster(path: str) -> Roster:
     """The roster file (read again when it changes); ValueError naming the file."""
-    try:
-        return _roster(path, os.stat(path).st_mtime)
-    except OSError as exc:
-        raise ValueError(f"roster {path!r} cannot be read: {exc}") from None
+    return _mtime_cached(_roster, path, "roster")
 
 
 @functools.lru_cache(maxsize=64)
@@ -292,10 +292,15 @@ def _signing_key(path: str, mtime: float) -> SigningKey:
 
 def load_signing_key(path: str) -> SigningKey:
     """The signing key file (read again when it changes); ValueError naming the file."""
+    return _mtime_cached(_signing_key, path, "signing key")
+
+
+def _mtime_cached(load: Callable[[str, float], _T], path: str, what: str) -> _T:
+    """``load(path, mtime)``: a cached loader keyed by the file's modification time."""
     try:
-        return _signing_key(path, os.stat(path).st_mtime)
+        return load(path, os.stat(path).st_mtime)
     except OSError as exc:
-        raise ValueError(f"signing key {path!r} cannot be read: {exc}") from None
+        raise ValueError(f"{what} {path!r} cannot be read: {exc}") from None
 
 
 def _node_float(node_config: UserConfig, key: str) -> float:

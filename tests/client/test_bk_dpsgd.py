@@ -10,14 +10,10 @@ batches as Opacus' modes gave, so switching ``auto`` to ``bk`` changed no client
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
-from opacus import PrivacyEngine
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import client.bk_dpsgd as bk
 from client.bk_dpsgd import BookKeepingDPSGD, supports_bk_dpsgd
@@ -26,6 +22,7 @@ from privacy.randomness import OSEntropyNoise, SeededNoise
 from tasks.datasets import ArrayDataset
 from tasks.model_names import BK_MODELS, MODELS
 from tasks.models import build_model, get_weights
+from tests.opacus_reference import opacus_clipped_gradient
 
 BATCH = 6
 
@@ -53,25 +50,6 @@ def _per_sample_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cl
         factor = (clip / (norm + 1e-6)).clamp(max=1.0)
         total = [t + factor * g for t, g in zip(total, grads, strict=True)]
     return [t / expected for t in total], torch.stack(norms)
-
-
-def _opacus_hooks(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, expected: int) -> list:
-    """Opacus ``hooks``, σ = 0, with a loader whose expected batch size is ``expected``."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    loader = DataLoader(TensorDataset(torch.zeros(expected * 5, 1), torch.zeros(expected * 5)), batch_size=expected)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dp_model, optimizer, _ = PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(params, lr=0.0), data_loader=loader, noise_multiplier=0.0,
-            max_grad_norm=clip, poisson_sampling=False, grad_sample_mode="hooks")
-        dp_model.train()
-        torch.manual_seed(11)
-        nn.functional.cross_entropy(dp_model(x), y).backward()
-    optimizer.pre_step()  # clip, sum, noise (none), divide by the expected batch size
-    grads = [p.grad.detach().clone() for p in params]
-    optimizer.zero_grad(set_to_none=True)
-    dp_model.to_standard_module()
-    return grads
 
 
 def _bk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, expected: int) -> list[torch.Tensor]:
@@ -105,7 +83,7 @@ def test_the_clipped_sum_equals_opacus_per_sample_clipping(name, dtype):
     clip = float(norms.median())  # about half the examples are clipped
     assert (norms > clip).any() and (norms < clip).any()
     model.train()
-    theirs = _opacus_hooks(model, x, y, clip, BATCH - 1)
+    theirs = opacus_clipped_gradient(model, x, y, clip, BATCH - 1)
     ours = _bk(model, x, y, clip, BATCH - 1)
     _assert_equal_to_1e6(ours, theirs, dtype)
 

@@ -8,18 +8,15 @@ difference from the clipped mean must be N(0, σ²C²/B²) per coordinate.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
-from opacus import PrivacyEngine
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from client.linear_dpsgd import LinearDPSGD
 from privacy.randomness import OSEntropyNoise
 from tasks.models import build_model
+from tests.opacus_reference import opacus_clipped_gradient
 
 
 def _batch(n: int, features: int, scale: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,31 +41,13 @@ def _models() -> dict[str, tuple[nn.Module, int]]:
     }
 
 
-def _opacus_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, expected: int) -> list:
-    """Opacus hooks, σ = 0, the loader set up so its expected batch size is ``expected``."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    loader = DataLoader(TensorDataset(torch.zeros(expected * 5, 1), torch.zeros(expected * 5)), batch_size=expected)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dp_model, optimizer, _ = PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(params, lr=0.0), data_loader=loader, noise_multiplier=0.0,
-            max_grad_norm=clip, poisson_sampling=False, grad_sample_mode="hooks")
-    dp_model.train()
-    torch.manual_seed(11)  # the same dropout mask as the closed form's forward pass
-    nn.functional.cross_entropy(dp_model(x), y).backward()
-    optimizer.pre_step()  # clip, accumulate, noise (none), divide by the expected batch size
-    grads = [p.grad.detach().clone() for p in params]
-    dp_model.to_standard_module()
-    return grads
-
-
 @pytest.mark.parametrize("name", ["logreg", "mlp2", "frozen-bias"])
 @pytest.mark.parametrize("scale", [0.01, 3.0])
 def test_noiseless_step_equals_opacus_per_sample_clipping(name, scale):
     model, features = _models()[name]
     x, y = _batch(9, features, scale)
     clip, expected = 0.5, 8
-    theirs = _opacus_gradient(model, x, y, clip, expected)
+    theirs = opacus_clipped_gradient(model, x, y, clip, expected)
     stepper = LinearDPSGD(model, clip=clip, noise_multiplier=0.0, expected_batch_size=expected,
                           noise=OSEntropyNoise())
     model.train()
