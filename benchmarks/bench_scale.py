@@ -13,9 +13,10 @@ reads back, from the run's ``rounds.jsonl``:
   workers included) per round over rounds 2..R, read when each round's line appears in
   ``rounds.jsonl`` (``benchmarks/proc_tree.py``);
 - **peak memory of this N**: the maximum over the run of its process tree's summed PSS (shared
-  pages split among the processes that map them), sampled every 0.5 s, and the peak RSS of its
-  largest single process (``wait4``'s ``ru_maxrss`` of this run's child alone, not a running
-  maximum over earlier runs).
+  pages split among the processes that map them), sampled every 0.5 s, and the peak RSS of the
+  ``privet run`` process (``wait4``'s ``ru_maxrss`` of this run's child: the largest of it and the
+  descendants it reaped, not a running maximum over earlier runs; in-process that is the whole run,
+  in Ray simulation the driver side only, Ray's workers being the raylet's).
 
 With ``--reps`` > 1 the sizes are interleaved (every size once per repetition) and every figure is
 the median with its min-max over repetitions. The machine's load is reported with the results,
@@ -119,7 +120,7 @@ def render(record: dict) -> str:
         f"{' (median [min-max]; ratios within each repetition)' if reps > 1 else ''}.",
         "",
         "| N | sampled / round | handshake (s) | per round, rounds 2..R (s) | vs smallest N | CPU per round (s) "
-        "| CPU vs smallest N | peak PSS, whole tree (MB) | peak RSS, largest process (MB) | round row (bytes) "
+        "| CPU vs smallest N | peak PSS, whole tree (MB) | peak RSS, `privet run` process (MB) | round row (bytes) "
         "| whole run (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -136,8 +137,9 @@ def render(record: dict) -> str:
             f"{_cell([r['wall_s'] for r in per_n], '.0f')} |"
         )
     lines += ["", "Memory is this N's run alone: the peak over the run of the summed PSS of its process tree "
-              "(sampled every 0.5 s; in Ray simulation the raylet, GCS and every worker), and the peak RSS of its "
-              "largest process. CPU per round: the whole tree's user + system seconds."]
+              "(sampled every 0.5 s; in Ray simulation the raylet, GCS and every worker), and the peak RSS of the "
+              "`privet run` process (in Ray simulation the driver side only). CPU per round: the whole tree's "
+              "user + system seconds."]
     return "\n".join(lines) + "\n"
 
 
