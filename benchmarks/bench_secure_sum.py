@@ -32,11 +32,13 @@ Usage::
 
     python benchmarks/bench_secure_sum.py --clients 10 50 120 --repeats 3 --out benchmarks/results/secure_sum.md
     python benchmarks/bench_secure_sum.py --clients 10 50 --ddg-bits 16 20 --out benchmarks/results/secure_sum_ddg.md
+    python benchmarks/bench_secure_sum.py --render benchmarks/results/secure_sum.json   # the tables from the record
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -44,7 +46,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -92,7 +94,7 @@ def train(msg: Message, context: Context) -> Message:
         flat = np.concatenate([u.ravel() for u in update])
         encoded, _ = encode(flat, ddg.params, ddg.rotation_seed, noise_source("csprng"))
         return Message(RecordDict({keys.ARRAYS: ArrayRecord([encoded])}), reply_to=msg)
-    m = int(msg.content.config_records[keys.CONFIG][keys.NOISE_SHARES])
+    m = int(cast(int, msg.content.config_records[keys.CONFIG][keys.NOISE_SHARES]))
     noisy, _ = privatize_update(update, clip=CLIP, noise_multiplier=SIGMA, noise_shares=m, rng=noise_source("csprng"))
     return Message(RecordDict({keys.ARRAYS: ArrayRecord([w + u for w, u in zip(weights, noisy, strict=True)])}),
                    reply_to=msg)
@@ -160,14 +162,14 @@ def secure_round(grid: CountingGrid, weights: list[np.ndarray], roster: Roster |
 
 def measure(k: int, repeats: int, weights: list[np.ndarray], folder: Path,
             ddg_bits: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Median seconds and bytes per round of the variants, alternating."""
+    """Seconds of every repeat and bytes per round of the variants, alternating within each repeat."""
     roster_path = generate([str(i) for i in range(k)], folder / f"roster-{k}")
     roster = Roster.load(roster_path)
     variants: list[tuple[str, Callable[..., list[np.ndarray]], Roster | None, int]] = [
         ("plain", plaintext_round, None, 0), ("secure", secure_round, None, 0), ("signed", secure_round, roster, 0)]
     variants += [(f"ddg{b}", secure_round, roster, b) for b in ddg_bits]
     times: dict[str, list[float]] = {name: [] for name, *_ in variants}
-    bytes_: dict[str, tuple[int, int]] = {}
+    bytes_: dict[str, dict[str, int]] = {}
     sums: dict[str, list[np.ndarray]] = {}
     for _ in range(repeats):
         for name, fn, anchor, bits in variants:
@@ -175,64 +177,98 @@ def measure(k: int, repeats: int, weights: list[np.ndarray], folder: Path,
             start = time.perf_counter()
             sums[name] = fn(grid, weights, anchor, bits) if bits else fn(grid, weights, anchor)
             times[name].append(time.perf_counter() - start)
-            bytes_[name] = (grid.down, grid.up)
+            bytes_[name] = {"down": grid.down, "up": grid.up}
     # the sums are noisy (independent CSPRNG noise in every variant): the error is the RMS per coordinate
     # of each sum's difference from the plaintext one, against √2·σC, the noise alone would give
     rms = {v: float(np.sqrt(np.mean(np.concatenate([(a - b).ravel() for a, b in zip(sums["plain"], sums[v],
                                                                                       strict=True)]) ** 2)))
            for v in times if v != "plain"}
-    median = {v: statistics.median(t) for v, t in times.items()}
-    return {"k": k, "median": median, "bytes": bytes_, "rms": rms, "expected_rms": float(np.sqrt(2) * SIGMA * CLIP)}
+    return {"k": k, "seconds": times, "bytes": bytes_, "rms": rms, "expected_rms": float(np.sqrt(2) * SIGMA * CLIP)}
 
 
-def main() -> None:
-    """Run the grid of K and write a markdown table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[10, 50, 120])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--ddg-bits", type=int, nargs="*", default=[],
-                        help="also time secagg+ddg sums (with the roster) mod 2^b for each b")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "secure_sum.md")
-    args = parser.parse_args()
-    weights = get_weights(build_model("cnn", input_shape=(1, 28, 28), num_classes=10))
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        rows = [measure(k, args.repeats, weights, Path(folder), tuple(args.ddg_bits)) for k in args.clients]
+def _labels(record: dict[str, Any]) -> list[tuple[str, str]]:
     names = [("plain", "plaintext"), ("secure", "secure"), ("signed", "secure + roster")]
-    names += [(f"ddg{b}", f"DDG {b} bits + roster") for b in args.ddg_bits]
+    return names + [(f"ddg{b}", f"DDG {b} bits + roster") for b in record["config"]["ddg_bits"]]
+
+
+def _spread(values: list[float]) -> str:
+    mid = statistics.median(values)
+    return f"{mid:.1f}x" if len(values) == 1 else f"{mid:.1f}x [{min(values):.1f}-{max(values):.1f}]"
+
+
+def render(record: dict[str, Any]) -> str:
+    """The markdown tables of a record: time, bytes and error per K."""
+    names = _labels(record)
+    cfg = record["config"]
     lines = [
-        f"# Secure sum vs plaintext sum ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load {os.getloadavg()[0]:.2f}, "
-        f"{args.repeats} alternating repeats, median)", "",
-        "Model `cnn` (26,010 parameters); b = 24 quantisation bits for the Gaussian secure sums; every member a "
-        "neighbour of every other; every client's noise from the CSPRNG.", "",
+        "# Secure sum vs plaintext sum", "",
+        f"`benchmarks/bench_secure_sum.py --clients {' '.join(str(r['k']) for r in record['rows'])} --repeats "
+        f"{cfg['repeats']}" + (f" --ddg-bits {' '.join(map(str, cfg['ddg_bits']))}" if cfg["ddg_bits"] else "")
+        + f"`, {record['date']}, {record['cpus']} CPUs, load average {record['load_start']:.1f} at the start and "
+        f"{record['load_end']:.1f} at the end. Model `cnn` (26,010 parameters); b = 24 quantisation bits for the "
+        "Gaussian secure sums; every member a neighbour of every other; every client's noise from the CSPRNG. "
+        f"The variants alternate within each of {cfg['repeats']} repeats; times are medians, time ratios the "
+        "median [min-max] of the ratios within a repeat.", "",
+        "## Time", "",
         "| K | " + " | ".join(f"{label} s/round" for _, label in names) + " | "
         + " | ".join(f"{label} / plaintext" for _, label in names[1:]) + " |",
-        "|---" * (1 + 2 * len(names) - 1) + "|",
+        "|---" * (2 * len(names)) + "|",
     ]
-    for r in rows:
-        plain = r["median"]["plain"]
-        lines.append(f"| {r['k']} | " + " | ".join(f"{r['median'][v]:.3f}" for v, _ in names) + " | "
-                     + " | ".join(f"{r['median'][v] / plain:.1f}x" for v, _ in names[1:]) + " |")
-    lines += ["", "| K | " + " | ".join(f"bytes up {label}" for _, label in names) + " | "
-              + " | ".join(f"bytes down {label}" for _, label in names) + " |",
-              "|---" * (1 + 2 * len(names)) + "|"]
-    for r in rows:
-        lines.append(f"| {r['k']} | " + " | ".join(f"{r['bytes'][v][1]:,}" for v, _ in names) + " | "
-                     + " | ".join(f"{r['bytes'][v][0]:,}" for v, _ in names) + " |")
-    lines += ["", "| K | " + " | ".join(f"RMS of {label} − plaintext" for _, label in names[1:])
+    for r in record["rows"]:
+        t = r["seconds"]
+        ratios = [_spread([x / p for x, p in zip(t[v], t["plain"], strict=True)]) for v, _ in names[1:]]
+        lines.append(f"| {r['k']} | " + " | ".join(f"{statistics.median(t[v]):.3f}" for v, _ in names) + " | "
+                     + " | ".join(ratios) + " |")
+    lines += ["", "## Bytes", "",
+              "| K | " + " | ".join(f"bytes up {label}" for _, label in names) + " | "
+              + " | ".join(f"{label} / plaintext, up" for _, label in names[1:]) + " | "
+              + " | ".join(f"{label} / plaintext, down" for _, label in names[1:]) + " |",
+              "|---" * (1 + len(names) + 2 * (len(names) - 1)) + "|"]
+    for r in record["rows"]:
+        b = r["bytes"]
+        lines.append(f"| {r['k']} | " + " | ".join(f"{b[v]['up']:,}" for v, _ in names) + " | "
+                     + " | ".join(f"{b[v]['up'] / b['plain']['up']:.2f}x" for v, _ in names[1:]) + " | "
+                     + " | ".join(f"{b[v]['down'] / b['plain']['down']:.2f}x" for v, _ in names[1:]) + " |")
+    lines += ["", "## Error", "",
+              "| K | " + " | ".join(f"RMS of {label} − plaintext" for _, label in names[1:])
               + " | √2·σC (independent noise alone) |", "|---" * (len(names) + 1) + "|"]
-    for r in rows:
+    for r in record["rows"]:
         lines.append(f"| {r['k']} | " + " | ".join(f"{r['rms'][v]:.4f}" for v, _ in names[1:])
                      + f" | {r['expected_rms']:.4f} |")
     lines += ["", "The roster's cost is the Ed25519 signatures (each member signs its keys and the survivor set, and "
               "verifies K signatures at share keys and a majority at unmask) and the consistency round's messages. "
               "A DDG member's input is one vector of d' = 32,768 integers (26,010 padded to a power of two) in uint32, "
               "and its encoding (rotation, rounding, exact sampling) runs in each client: on a deployment, in parallel."]
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Run the grid of K; write the record (.json beside --out) and its tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 50, 120])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ddg-bits", type=int, nargs="*", default=[],
+                        help="also time secagg+ddg sums (with the roster) mod 2^b for each b")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "secure_sum.md",
+                        help="the tables; the record goes beside it (.json)")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="only rebuild the tables from this record")
+    args = parser.parse_args()
+    if args.render:
+        args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        return
+    weights = get_weights(build_model("cnn", input_shape=(1, 28, 28), num_classes=10))
+    import tempfile
+
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as folder:
+        rows = [measure(k, args.repeats, weights, Path(folder), tuple(args.ddg_bits)) for k in args.clients]
+    record = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load_start,
+              "load_end": os.getloadavg()[0], "config": {"repeats": args.repeats, "ddg_bits": args.ddg_bits},
+              "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    args.out.write_text(render(record))
+    print(render(record))
 
 
 if __name__ == "__main__":
