@@ -201,7 +201,7 @@ def test_auto_grad_sample_mode_takes_the_table_and_only_modes_the_model_supports
     model can run; explicit modes pass through; ``linear`` is refused for a model with convolutions."""
     from client.bk_dpsgd import supports_bk_dpsgd
     from client.linear_dpsgd import supports_linear_dpsgd
-    from tasks.models import (
+    from tasks.model_names import (
         BK_MODE,
         BK_MODELS,
         FASTEST_GRAD_SAMPLE_MODE,
