@@ -622,7 +622,7 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
     privet.cli.CliError
         For a bad configuration or option (one line naming it).
     """
-    from privet.cli import CliError, check_out_dir, load_experiment, validate
+    from privet.run_config import CliError, check_out_dir, load_experiment, validate
 
     if canaries < 2:
         raise CliError(f"--canaries must be an integer >= 2; found {canaries}")
@@ -715,7 +715,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     A bad configuration or option: one line, status 2 (as :func:`privet.cli.main` prints a ``CliError``;
     caught here too, so that ``python -m privet.cli``, whose ``CliError`` is ``__main__``'s, says the same).
     """
-    from privet.cli import CliError
+    from privet.run_config import CliError
 
     try:
         report = audit(args.config, args.set or [], out=args.out, client=args.client, canaries=args.canaries,

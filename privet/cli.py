@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,11 +38,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from server.console import RunConsole
 
-APP_DIR = Path(__file__).resolve().parents[1]
-
-
-class CliError(RuntimeError):
-    """A user-facing failure: printed without a traceback."""
+from privet.run_config import (  # noqa: F401  (privet.cli.<name> stays importable)
+    APP_DIR,
+    CliError,
+    app_defaults,
+    check_out_dir,
+    flatten,
+    load_experiment,
+    parse_assignment,
+    read_toml,
+    simulated_roster,
+    toml_error_message,
+    validate,
+)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -72,149 +79,16 @@ def signals_raise(handler: Any = None) -> Iterator[None]:
             signal.signal(s, previous)
 
 
-def muting(console: "RunConsole") -> Any:
+def muting(console: RunConsole) -> Any:
     """A SIGINT/SIGTERM handler that silences ``console`` (lines still go to run.log), then raises
-    :class:`Interrupted`: what the interrupted run logs while it writes its summary stays off the screen."""
+    :class:`Interrupted`: what the interrupted run logs while it writes its summary stays off the screen.
+    """
     def handler(signum: int, _frame: Any) -> None:
         console.mute()
         raise Interrupted(signum)
     return handler
 
 
-def check_out_dir(out: Path) -> None:
-    """Refuse, before any work, a results directory that cannot be created and written.
-
-    The nearest existing folder on the way to ``out`` must take a new entry: one is made and
-    removed at once (so a read-only or virtual file system, or a file in the way, is found now,
-    whoever runs it), and nothing is left behind.
-    """
-    if out.exists() and not out.is_dir():
-        raise CliError(f"'out-dir' (--out) {out} exists and is not a folder")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise CliError(f"'out-dir' (--out) {out}: {parent} is a file, so no folder can be made below it")
-    try:
-        probe = tempfile.mkdtemp(prefix=".privet-write-check-", dir=parent)
-    except OSError as exc:
-        raise CliError(f"'out-dir' (--out) {out} cannot be written: {parent}: {exc.strerror or exc}") from None
-    os.rmdir(probe)
-
-
-# ------------------------------------------------------------------ config merging
-def app_defaults(app_dir: Path = APP_DIR) -> dict[str, Any]:
-    """``[tool.flwr.app.config]`` of the app's ``pyproject.toml``, flattened with dots."""
-    pyproject = app_dir / "pyproject.toml"
-    if not pyproject.exists():
-        raise CliError(f"no pyproject.toml in {app_dir}: run privet from a checkout of the project")
-    return flatten(read_toml(pyproject)["tool"]["flwr"]["app"]["config"])
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file; a syntax error becomes ``FILE:LINE:COLUMN: TOML syntax error: ...``."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CliError(toml_error_message(path, text, exc)) from None
-
-
-def toml_error_message(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> str:
-    """Where a TOML syntax error is, as editors and compilers write it, with the line itself."""
-    msg = str(exc)
-    m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
-    if m is None:  # "(at end of document)"
-        lines = text.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
-    else:
-        line, col = int(m.group(1)), int(m.group(2))
-    reason = re.sub(r"\s*\(at [^)]*\)$", "", msg)
-    source = (text.splitlines() or [""])[min(line, max(len(text.splitlines()), 1)) - 1]
-    return (f"{path}:{line}:{col}: TOML syntax error: {reason}\n"
-            f"    {source}\n    {' ' * (col - 1)}^")
-
-
-def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested TOML tables to Flower's dotted run-config keys."""
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """``key=value`` with a TOML value (bare words are strings)."""
-    if "=" not in text:
-        raise CliError(f"--set expects key=value; found {text!r}")
-    key, raw = (s.strip() for s in text.split("=", 1))
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key, value
-
-
-def load_experiment(config_path: str | None, sets: list[str], out: str | None) -> dict[str, Any]:
-    """Defaults < experiment file < ``--set`` overrides < ``--out``; unknown keys rejected."""
-    defaults = app_defaults()
-    merged = dict(defaults)
-    overrides: dict[str, Any] = {}
-    if config_path:
-        path = Path(config_path)
-        if not path.exists():
-            raise CliError(f"experiment config {config_path} does not exist")
-        overrides.update(flatten(read_toml(path)))
-    overrides.update(dict(parse_assignment(s) for s in sets))
-    if out:
-        overrides["out-dir"] = str(Path(out).resolve())
-    unknown = sorted(set(overrides) - set(defaults))
-    if unknown:
-        raise CliError(
-            f"unknown config key(s) {', '.join(unknown)}; allowed keys: {', '.join(sorted(defaults))}"
-        )
-    for key, value in overrides.items():
-        expected = type(defaults[key])
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-                expected, f"a {expected.__name__}")
-            raise CliError(f"config key '{key}' must be {kind}; found {value!r}")
-        merged[key] = value
-    if not merged.get("out-dir"):
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        merged["out-dir"] = str((Path.cwd() / "results" / f"{merged['strategy']}-{stamp}").resolve())
-    return merged
-
-
-def simulated_roster(run_config: dict[str, Any], out: Path) -> str:
-    """A roster for the simulated sites (privet operates them all): their signing keys beside it, under ``out``.
-
-    With it, a simulation's secure sums authenticate every member and agree on the survivors, as a
-    deployment with an operator's roster does (protocol/roster.py).
-    """
-    from protocol.roster import generate
-
-    return str(generate([str(i) for i in range(int(run_config["num-clients"]))], out / "roster"))
-
-
-def validate(run_config: dict[str, Any]) -> None:
-    from server.config import ConfigError, RunConfig
-    from tasks.datasets import check_available
-
-    try:
-        cfg = RunConfig.from_flower(run_config)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
-    try:  # before anything starts or any results directory exists
-        check_available(cfg.dataset, cfg.data_dir or None)
-    except FileNotFoundError as exc:
-        raise CliError(f"'dataset' = '{cfg.dataset}' is not available here: {exc}") from None
 
 
 # ---------------------------------------------------------------- simulation runner
@@ -228,7 +102,8 @@ def free_port() -> int:
 def flwr_env(flwr_home: Path) -> dict[str, str]:
     """The environment for a ``flwr`` / ``flower-*`` process with its own ``FLWR_HOME``:
     no runtime dependency installation, no update check or telemetry, this venv's ``bin``
-    first on PATH, and private ports for the local simulation SuperLink."""
+    first on PATH, and private ports for the local simulation SuperLink.
+    """
     env = dict(os.environ)
     # Flower starts flower-superlink / flwr-simulation by name: put this venv's bin first
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -254,7 +129,8 @@ RAY_ADDRESS_ENV = "RAY_ADDRESS"
 def ray_cluster_address(environ: dict[str, str] | None = None) -> str | None:
     """The Ray cluster a simulation will join: ``$RAY_ADDRESS`` (``HOST:PORT`` of a head's GCS),
     or None when unset or when Ray resolves it itself (``auto``: the cluster started on this
-    machine; ``local``: a new one, as without it)."""
+    machine; ``local``: a new one, as without it).
+    """
     address = (os.environ if environ is None else environ).get(RAY_ADDRESS_ENV, "").strip()
     return address if address and address not in ("auto", "local") else None
 
@@ -285,7 +161,8 @@ def _flwr_bin(name: str) -> str:
 
 def local_superlink_pids(flwr_home: Path) -> list[int]:
     """Pids of the background ``flower-superlink`` that ``flwr run`` started for this
-    ``FLWR_HOME`` (matched on its own log-file path, never on the program name alone)."""
+    ``FLWR_HOME`` (matched on its own log-file path, never on the program name alone).
+    """
     marker = str(flwr_home / "local-superlink")
     pids = []
     for proc in Path("/proc").iterdir():
@@ -302,7 +179,8 @@ def local_superlink_pids(flwr_home: Path) -> list[int]:
 
 def simulation_pids(flwr_home: Path) -> list[int]:
     """Pids of the ``flwr-simulation`` processes running with this ``FLWR_HOME`` (read from
-    their environment: only processes this run started carry it)."""
+    their environment: only processes this run started carry it).
+    """
     marker = f"FLWR_HOME={flwr_home}".encode()
     pids = []
     for proc in Path("/proc").iterdir():
@@ -372,6 +250,7 @@ def stop_interrupted(flwr_home: Path, proc: subprocess.Popen[str] | None, grace:
 
 
 def stop_local_superlink(flwr_home: Path) -> None:
+    """Stop the local SuperLink that ``flwr run`` started under ``flwr_home`` (found by its FLWR_HOME, by pid)."""
     for pid in local_superlink_pids(flwr_home):
         try:
             os.kill(pid, signal.SIGTERM)
@@ -398,7 +277,7 @@ def run_status(flwr_home: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_home: bool = False,
-                   console: "RunConsole | None" = None) -> dict[str, Any]:
+                   console: RunConsole | None = None) -> dict[str, Any]:
     """Run one experiment with ``flwr run`` (Ray simulation); returns the run's status entry.
 
     The simulation gets exactly ``num-clients`` SuperNodes (``--federation-config``); its
@@ -450,14 +329,14 @@ def run_simulation(run_config: dict[str, Any], *, app_dir: Path = APP_DIR, keep_
     return status
 
 
-def run_inprocess(run_config: dict[str, Any], console: "RunConsole | None" = None) -> dict[str, Any]:
+def run_inprocess(run_config: dict[str, Any], console: RunConsole | None = None) -> dict[str, Any]:
     """Run one experiment in this process (no Ray, no gRPC); logs go to ``console``."""
     import contextlib
 
     from client.app import app as client_app
+    from privet.inprocess import InProcessGrid, simulation_node_configs
     from server.app import run_experiment
     from server.console import logs_to
-    from privet.inprocess import InProcessGrid, simulation_node_configs
 
     grid = InProcessGrid(client_app, simulation_node_configs(int(run_config["num-clients"])), run_config)
     with logs_to(console) if console is not None else contextlib.nullcontext():
@@ -586,6 +465,7 @@ def write_html_report(out: Path) -> Path:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """``privet report DIR [--open]``: print a results directory's privacy report, or write and open its HTML."""
     out = Path(args.dir)
     path = out / "privacy_report.md"
     if not path.exists():
@@ -648,6 +528,7 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``privet`` command line: ``run``, ``report``, ``site``, ``roster`` and ``audit``."""
     from strategies.catalogue import catalogue_help
 
     fmt = argparse.RawDescriptionHelpFormatter
@@ -683,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``privet`` command; the exit status (2 for a bad configuration, one line on stderr)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
