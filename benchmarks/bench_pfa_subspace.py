@@ -109,7 +109,7 @@ def measure(
 ) -> dict[str, float]:
     """Median seconds of every timed step for one model and one k."""
     from protocol import pfa_plus
-    from strategies import layers
+    from strategies import layers, pfa_plus_projection
     from strategies import pfa_projection as pfa
 
     public = [u for u, p in zip(updates, public_mask, strict=True) if p]
@@ -131,7 +131,7 @@ def measure(
         "randomized": lambda: pfa.pfa_aggregate(
             updates, eps, k=k, public_mask=public_mask, method="randomized"
         ),
-        "plus": lambda: pfa.pfa_plus_aggregate(
+        "plus": lambda: pfa_plus_projection.pfa_plus_aggregate(
             public, coords, eps_public, eps_private, subspaces, k=k
         ),
         "encode": lambda: encode(private[0]),
@@ -147,7 +147,7 @@ def main() -> None:
 
     import numpy as np
 
-    from strategies import pfa_projection as pfa
+    from strategies import pfa_plus_projection
 
     rng = np.random.default_rng(args.seed)
     # MixGauss1-like budgets: 3 public clients at ε ≈ 10, 27 private at ε ≈ 0.1
@@ -164,7 +164,7 @@ def main() -> None:
         updates = random_updates(shapes, eps, args.seed)
         for k in K_VALUES:
             times = measure(updates, eps, public_mask, k, args.repeats)
-            uplink = pfa.uplink_floats(sizes, k, private=True, plus=True)
+            uplink = pfa_plus_projection.uplink_floats(sizes, k, private=True, plus=True)
             rows.append((name, sum(sizes), k, uplink, times))
             print(f"{name} k={k}: {times}", file=sys.stderr)
 

@@ -39,7 +39,8 @@ from protocol import keys
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.layers import weighted_mean
 from strategies.pfa_config import PFAConfig
-from strategies.pfa_projection import pfa_aggregate, pfa_plus_aggregate
+from strategies.pfa_plus_projection import pfa_plus_aggregate
+from strategies.pfa_projection import pfa_aggregate
 from strategies.pfa_split import split_public_private
 from strategies.pfa_subspace import LayerSubspace
 from strategies.validation import ArraySpec
@@ -225,7 +226,7 @@ class PFAPlus(PFA):
     ``"pfa-basis"`` record and answers with V_kᵀ(Δ_m − μ) per layer; public clients
     still upload full models. The server lifts the ε-weighted mean coordinates back with
     the subspace it sent and refits the subspace on this round's public updates
-    (:func:`strategies.pfa_projection.pfa_plus_aggregate`). A private client that was
+    (:func:`strategies.pfa_plus_projection.pfa_plus_aggregate`). A private client that was
     not sampled last round gets the latest subspace too (docs/notes/pfa.md §7.15). After the
     warm-up, a round without public replies cannot fall back to WeiAvg (the private
     updates exist only as coordinates): it uses the reconstructed private mean and keeps

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from protocol import pfa_plus
-from strategies import layers, pfa_split, pfa_subspace
+from strategies import layers, pfa_plus_projection, pfa_split, pfa_subspace
 from strategies import pfa_projection as pfa
 
 SHAPES = [(6, 4), (4,), (2, 3, 2)]  # a dense weight, its bias, a small conv kernel
@@ -252,7 +252,7 @@ def test_pfa_plus_reconstruction_equals_pfa_projection_on_the_same_subspace(cent
         for u, p in zip(updates, mask, strict=True)
         if not p
     ]
-    got, new_subspaces, _ = pfa.pfa_plus_aggregate(
+    got, new_subspaces, _ = pfa_plus_projection.pfa_plus_aggregate(
         public, coords, eps[mask], eps[~mask], subspaces, k=k, center=center
     )
     for g, e in zip(got, expected, strict=True):
@@ -297,7 +297,7 @@ def test_pfa_plus_uses_the_previous_subspace_and_returns_the_new_one():
         ]
         for u in private
     ]
-    got, new, diag = pfa.pfa_plus_aggregate(public, coords, eps_pub, eps_pri, old, k=1)
+    got, new, diag = pfa_plus_projection.pfa_plus_aggregate(public, coords, eps_pub, eps_pri, old, k=1)
     e = eps_pub.sum() + eps_pri.sum()
     for layer, s in enumerate(old):
         pub_rows = np.stack([u[layer].ravel() for u in public])
@@ -332,7 +332,7 @@ def test_pfa_plus_without_public_clients_keeps_the_stale_subspace():
         ]
         for u in private
     ]
-    got, new, diag = pfa.pfa_plus_aggregate([], coords, [], eps, old)
+    got, new, diag = pfa_plus_projection.pfa_plus_aggregate([], coords, [], eps, old)
     assert new == old and diag[pfa.DIAG_STALE_SUBSPACE] == 1.0
     for layer, s in enumerate(old):
         mean = eps @ np.stack([u[layer].ravel() for u in private]) / eps.sum()
@@ -355,11 +355,11 @@ def test_coordinates_of_a_layer_have_exactly_k_values(k):
     ]
     assert [c.shape for c in coords] == [(k,)] * len(SHAPES)
     sizes = [int(np.prod(s)) for s in SHAPES]
-    assert sum(c.size for c in coords) == pfa.uplink_floats(
+    assert sum(c.size for c in coords) == pfa_plus_projection.uplink_floats(
         sizes, k, private=True, plus=True
     )
-    assert pfa.uplink_floats(sizes, k, private=True, plus=False) == sum(sizes)
-    assert pfa.uplink_floats(sizes, k, private=False, plus=True) == sum(sizes)
+    assert pfa_plus_projection.uplink_floats(sizes, k, private=True, plus=False) == sum(sizes)
+    assert pfa_plus_projection.uplink_floats(sizes, k, private=False, plus=True) == sum(sizes)
 
 
 # --- public / private split ---------------------------------------------------------
@@ -489,9 +489,9 @@ def test_pfa_plus_rejects_wrong_coordinates_and_missing_subspaces():
     ]
     wrong = [[np.zeros(2), np.zeros(1), np.zeros(1)]]
     with pytest.raises(ValueError, match="coordinate shapes"):
-        pfa.pfa_plus_aggregate(public, wrong, [5.0, 6.0], [0.5], subs)
+        pfa_plus_projection.pfa_plus_aggregate(public, wrong, [5.0, 6.0], [0.5], subs)
     with pytest.raises(ValueError, match="warm-up"):
-        pfa.pfa_plus_aggregate(public, [], [5.0, 6.0], [], [])
+        pfa_plus_projection.pfa_plus_aggregate(public, [], [5.0, 6.0], [], [])
 
 
 @pytest.mark.parametrize(
@@ -522,7 +522,7 @@ def test_pfa_plus_rejects_wrong_coordinates_and_missing_subspaces():
             "split_method must be one of",
         ),
         (
-            lambda: pfa.uplink_floats([], 1, private=True, plus=True),
+            lambda: pfa_plus_projection.uplink_floats([], 1, private=True, plus=True),
             "num_params_per_layer",
         ),
     ],
