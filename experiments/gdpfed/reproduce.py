@@ -120,8 +120,8 @@ def _text(values: list[float]) -> str:
 def run_one(method: str, clients: int, rounds: int, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
     """One run; the row appended to runs.jsonl."""
     from client.app import app as client_app
-    from server.app import run_experiment
     from privet.inprocess import InProcessGrid, simulation_node_configs
+    from server.app import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = run_config(method, clients, rounds, seed, Path(tmp), extra)
