@@ -29,6 +29,18 @@ def _tier(item: pytest.Item) -> str:
     return "unit"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n`` (pytest-xdist), hand each worker one test at a time, in the order below.
+
+    xdist's ``load`` scheduler otherwise sends each worker a consecutive chunk of about a quarter
+    of its share first, so every slow test (sorted first) lands on the first worker and they run
+    one after another while the other worker does the rest. One at a time, both workers take
+    slow tests until none is left. An explicit ``--maxschedchunk`` wins.
+    """
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "maxschedchunk", 1) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test with its tier, and start the costly ones first.
 
