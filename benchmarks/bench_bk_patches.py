@@ -32,7 +32,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from records import machine, write  # noqa: E402
 from torch import nn  # noqa: E402
 
 import client.bk_dpsgd as bk  # noqa: E402
@@ -247,13 +248,9 @@ def main() -> None:
         for name in args.models:
             passes[name].append(one_pass(name, args.batch, args.steps))
             print(k, name, {v: f"{s * 1e3:.1f}" for v, s in passes[name][-1]["step"].items()}, flush=True)
-    record = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load_start,
-              "load_end": os.getloadavg()[0], "exact": exact,
+    record = {**machine(load_start), "exact": exact,
               "config": {k: getattr(args, k) for k in ("batch", "steps", "passes", "models")}, "passes": passes}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    args.out.write_text(render(record))
-    print(render(record))
+    write(args.out, record, render)
 
 
 if __name__ == "__main__":

@@ -32,13 +32,14 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 import torch  # noqa: E402
+from records import machine, write  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
@@ -231,14 +232,10 @@ def main() -> None:
             passes.append({"pass": rep, **result})
             print(rep, "tuned" if tuned else "default",
                   {n: {m: f"{v * 1e3:.2f}" for m, v in r.items()} for n, r in result["seconds"].items()}, flush=True)
-    record = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load_start,
-              "load_end": os.getloadavg()[0],
+    record = {**machine(load_start),
               "config": {k: getattr(args, k) for k in ("batch", "steps", "repeats", "models", "noise")},
               "passes": passes}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    args.out.write_text(render(record))
-    print(render(record))
+    write(args.out, record, render)
 
 
 if __name__ == "__main__":

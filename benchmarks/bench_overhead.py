@@ -39,13 +39,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from records import machine, write  # noqa: E402
+
 PRIVET = Path(sys.executable).parent / "privet"
 
 #: the workload: README's "same 3-round workload" of issue 11, more rounds to average over
@@ -266,12 +268,9 @@ def main() -> int:
             print(f"rep {rep + 1} {backend}: round 1 {result['round1_wall_s']:.2f} s, then "
                   f"{result['per_round_wall_s']:.2f} s and {result['per_round_cpu_s']:.2f} CPU s a round", flush=True)
         reps.append(results)
-    record = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load,
-              "load_end": os.getloadavg()[0], "rounds": args.rounds, "workload": WORKLOAD,
+    record = {**machine(load), "rounds": args.rounds, "workload": WORKLOAD,
               "mode": resolve_grad_sample_mode("auto", str(WORKLOAD["model"])), "reps": reps}
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    args.out.write_text(render(record))
-    print(render(record))
+    write(args.out, record, render)
     return 0
 
 

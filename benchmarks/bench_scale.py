@@ -39,11 +39,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from records import machine, write  # noqa: E402
+
 PRIVET = Path(sys.executable).parent / "privet"
 
 
@@ -207,11 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[-1].append(run_once(n, args.rounds, args.backend, args.sampled))
             print(json.dumps(runs[-1][-1]), flush=True)
     record = {"backend": args.backend, "sampled": args.sampled, "rounds": args.rounds,
-              "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load_start,
-              "load_end": os.getloadavg()[0], "results": summarise(runs), "runs": runs}
-    args.out.write_text(render(record))
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    print(args.out.read_text())
+              **machine(load_start), "results": summarise(runs), "runs": runs}
+    write(args.out, record, render)
     return 0
 
 

@@ -44,7 +44,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.common.serde import recorddict_to_proto  # noqa: E402
+from records import machine, write  # noqa: E402
 
 from client.secure_sum import secure_ddg, secure_sum_mod  # noqa: E402
 from privacy.distributed_discrete_gaussian import ddg_parameters, encode  # noqa: E402
@@ -262,13 +262,9 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         rows = [measure(k, args.repeats, weights, Path(folder), tuple(args.ddg_bits)) for k in args.clients]
-    record = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "cpus": os.cpu_count(), "load_start": load_start,
-              "load_end": os.getloadavg()[0], "config": {"repeats": args.repeats, "ddg_bits": args.ddg_bits},
+    record = {**machine(load_start), "config": {"repeats": args.repeats, "ddg_bits": args.ddg_bits},
               "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    args.out.write_text(render(record))
-    print(render(record))
+    write(args.out, record, render)
 
 
 if __name__ == "__main__":
