@@ -49,13 +49,19 @@ from records import machine, write  # noqa: E402
 PRIVET = Path(sys.executable).parent / "privet"
 
 
+def run_sets(n: int, sampled: int, rounds: int) -> dict[str, int | float | str]:
+    """The run's ``--set`` keys: N = n clients of 10 examples, ``sampled`` per round, ``cnn2``, batch 10
+    (also the two-node row's, ``benchmarks/bench_scale_two_node.py``)."""
+    return {"num-clients": n, "fraction-train": sampled / n, "num-server-rounds": rounds, "model": "cnn2",
+            "max-examples-per-client": 10, "batch-size": 10, "min-train-clients": sampled}
+
+
 def run_once(n: int, rounds: int, backend: str, sampled: int) -> dict[str, float]:
     """One ``privet run`` at N = n with ``sampled`` clients per round, its process tree watched."""
     from proc_tree import TreeWatch
 
     out = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
-    sets = {"num-clients": n, "fraction-train": sampled / n, "num-server-rounds": rounds, "model": "cnn2",
-            "max-examples-per-client": 10, "batch-size": 10, "min-train-clients": sampled}
+    sets = run_sets(n, sampled, rounds)
     cmd = [str(PRIVET), "run", "--backend", backend, "--out", str(out / "r")]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
