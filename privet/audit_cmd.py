@@ -20,36 +20,11 @@ stand-in (below). The statistics are :mod:`privacy.auditing`'s via
 :func:`privacy.mechanism_audit.assess`: Steinke et al.'s one-run bound and the Clopper–Pearson
 threshold tests (a lower bound on ε at ``confidence``), and Andrew et al.'s one-shot estimate.
 
-What each game observes (the adversary of the threat model; white-box: it knows the canary
-directions, every public parameter, the run seed and every client's partition id, and deviates
-by asking for ``extension`` times the T rounds the run declared):
-
-``update`` (client level)
-    Each canary is a client whose update is S·2C·u (u a random unit direction in a stand-in
-    update of ``STAND_IN_DIM`` coordinates, S = ±1 secret); it uploads what
-    :class:`~privacy.mechanisms.WholeUpdate` releases. The server sees every upload.
-``secure-sum`` (client level)
-    r_min canary clients (orthonormal directions) per sum, each uploading its
-    :class:`~privacy.mechanisms.SecureSumShare`; the server sees only the sum (SecAgg+'s
-    unmasking is not run: its output is that sum).
-``group-sum`` (client level, GDPFed family)
-    One canary of group m per sum, sampled with probability q_m each round (a coin the server
-    does not see: the charge's amplification assumes it), beside r_m − 1 members with zero
-    updates; every member adds its :class:`~privacy.mechanisms.GroupShare` of the noise. The
-    server sees the group sum. The extended run is refused by the canary after the T releases
-    it paid for. Where q_m = 1 (no amplification charged) the server also knows which sums the
-    canary is in, and scores those only.
-``dpsgd`` (record level)
-    One client, one run (Steinke et al.): its shard of n records holds m canary records, record
-    i with feature 3C on coordinate i of a logistic regression (privet's ``logreg``) and label
-    (1 + S_i)/2; the rest are zero-feature fillers. :func:`client.training.train_dpsgd` trains on
-    it with the config's q, steps, clip, learning rate and momentum. The server sees each round's
-    upload (the model), not the steps inside it.
-
-In every game the server also tries to **regenerate the noise** as a server that knows the run
-seed can where ``noise-source = "seeded"`` (:func:`client.seeds.client_seed`): it replays each
-client's seeded source, and uses the replay where it explains the upload (the residual is
-smaller than the upload). With privet's default ``csprng`` the replay explains nothing.
+The modules: this one is the command and the report (:func:`audit`, :class:`AuditReport`);
+:mod:`privet.audit_setup` turns the run config into the audited client's setup;
+:mod:`privet.audit_games` holds the canary games (what each observes) and the registry that
+maps a game's name to it (:data:`privet.audit_games.GAMES`; a new game is a module and one line
+there); :func:`client.release.client_release` is the round's privacy steps, the ClientApp's own.
 
 The flag: a lower bound above the charged ε (at δ, or at a δ' of the privacy profile);
 ``privet audit`` then exits with status 1 and one line naming the mechanism and both figures.
@@ -59,49 +34,42 @@ An audit that is not flagged proves nothing beyond "this attack did not refute t
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
-from privacy.auditing import DEFAULT_CONFIDENCE, canary_cosines
-from privacy.exceptions import PrivacyBudgetExhausted
-from privacy.ledger import PrivacyLedger
-from privacy.mechanism_audit import AuditResult, Observation, assess
-from privacy.mechanisms import LocalWork, Mechanism, Privatizer, Release, Upload, gaussian_noise_like
-from privacy.randomness import NoiseSource, noise_source
+from client.release import client_release
+from privacy.auditing import DEFAULT_CONFIDENCE
+from privacy.mechanism_audit import AuditResult, assess
+from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
+from privet.audit_games import most_charged as _charged
+from privet.audit_games import unit_rows as _unit_rows
+from privet.audit_setup import RUN_ID, AuditConfigError, AuditSetup, MechanismHook
+from privet.audit_setup import client_noise as _noise
+from privet.audit_setup import fresh_ledger as _ledger
+from privet.audit_setup import server_replay as _replay
+from privet.audit_setup import setup as audit_setup
 
 __all__ = ["AuditReport", "MechanismAudit", "audit", "add_parser", "client_release", "cmd_audit"]
 
-#: Coordinates of the stand-in update of the client-level games (the projection of isotropic
-#: Gaussian noise on a canary's direction does not depend on it; the one-shot cosines do).
-STAND_IN_DIM: Final = 256
-#: The canary's update norm before clipping, in units of C (clipping must act).
-CANARY_NORM: Final = 2.0
-#: A DP-SGD canary record's feature, in units of C (its gradient's norm exceeds C while the
-#: model's probability of its label stays below about 0.76).
-RECORD_FEATURE: Final = 3.0
+#: Importable here as before the split: the games' constants and helpers now live in
+#: :mod:`privet.audit_games` and :mod:`privet.audit_setup` (import them from there); the private
+#: aliases serve game modules written against the old names until they move.
+_REEXPORTED = (CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, RUN_ID, AuditConfigError, CanaryWork, _charged,
+               _unit_rows, _noise, _ledger, _replay)
+_Setup = AuditSetup
+
 #: Default canaries (client-level: canary clients; record-level: canary records in one shard).
 DEFAULT_CANARIES: Final = 1000
 #: The deviating server asks for this many times the T rounds the run declared.
 DEFAULT_EXTENSION: Final = 2
-#: The run id of the audit's ledgers.
-RUN_ID: Final = 1
-
-#: A test-only hook: wraps the mechanism each client round would run (None in every real use).
-MechanismHook = Callable[[Mechanism], Mechanism]
-
-
-class AuditConfigError(ValueError):
-    """The configuration cannot be audited (one line naming the key)."""
 
 
 # --------------------------------------------------------------------------- results
@@ -112,7 +80,7 @@ class MechanismAudit:
     Attributes
     ----------
     game : str
-        ``update``, ``secure-sum``, ``group-sum`` or ``dpsgd`` (module docstring).
+        A registered game's name (:data:`privet.audit_games.GAMES`).
     level : str
         ``client`` or ``record``: what one canary is.
     mechanism : str
@@ -127,6 +95,8 @@ class MechanismAudit:
         Steps per release, T, the rounds the server asked for, the most releases one canary made.
     noise_source : str
         The clients' DP randomness (the config's ``noise-source``).
+    details : dict
+        The game's own figures (:attr:`privet.audit_games.Played.details`), if any.
     """
 
     game: str
@@ -142,6 +112,7 @@ class MechanismAudit:
     rounds_requested: int
     releases_per_canary: int
     noise_source: str
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def flagged(self) -> bool:
@@ -165,7 +136,7 @@ class MechanismAudit:
                 "noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate, "clip": self.clip,
                 "steps": self.steps, "rounds_declared": self.rounds_declared,
                 "rounds_requested": self.rounds_requested, "releases_per_canary": self.releases_per_canary,
-                "noise_source": self.noise_source}
+                "noise_source": self.noise_source, **({"details": self.details} if self.details else {})}
 
 
 def _finite(x: float) -> float | str:
@@ -216,382 +187,7 @@ class AuditReport:
                 "settings": self.settings}
 
 
-# --------------------------------------------------------------------------- the client's round
-def client_release(mechanism: Mechanism, ledger: PrivacyLedger, *, run_id: int, server_round: int,
-                   work: LocalWork, noise: NoiseSource) -> tuple[Upload, Release] | None:
-    """The privacy steps of one client round, in :func:`client.round._round`'s order; None: refused.
-
-    Returns the upload and the release as charged.
-
-    plan against the ledger (refused on exhaustion or no σ) → refuse a release the ledger could
-    not charge → run → settle → charge (refused, the upload discarded, if the charge fails).
-    """
-    try:
-        release = mechanism.plan(ledger, run_id)
-    except (PrivacyBudgetExhausted, ValueError):
-        return None
-    if mechanism.private and ledger.would_exceed_release(release.charges, run_id, mechanism.ledger_mode):
-        return None
-    upload = mechanism.run(work, release, noise)
-    release = mechanism.settle(release, upload)
-    try:
-        ledger.record_release(release.charges, server_round=server_round, run_id=run_id, mode=mechanism.ledger_mode)
-    except PrivacyBudgetExhausted:
-        return None
-    return upload, release
-
-
-@dataclass
-class CanaryWork:
-    """A client's local work whose trained model is the received one plus a fixed update (the canary)."""
-
-    received: list[np.ndarray]
-    update: list[np.ndarray]
-
-    def train(self, privatize: Privatizer | None) -> Upload:
-        """"Training" adds the canary update; ``privatize`` is the mechanism's."""
-        trained = [r + u for r, u in zip(self.received, self.update, strict=True)]
-        if privatize is None:
-            return Upload(trained)
-        upload, diagnostics = privatize(self.received, trained)
-        return Upload(upload, diagnostics)
-
-    def train_dpsgd(self, clip: float, noise_multiplier: float, noise: NoiseSource) -> Upload:
-        """Not a DP-SGD work (the record-level game trains a real model)."""
-        raise ValueError("a client-level canary has no DP-SGD work")
-
-
-# --------------------------------------------------------------------------- the setup
-@dataclass(frozen=True)
-class _Setup:
-    run_config: dict[str, Any]
-    cfg: Any  # server.config.RunConfig
-    strategy: Any  # strategies.base.PrivacyAwareFedAvg
-    profile: Any  # client.profile.ClientProfile
-    train: Any  # protocol.train_config.TrainConfig of the audited client
-    secure_floor: int | None
-    group: bool
-
-
-def _setup(run_config: dict[str, Any], client: int) -> _Setup:
-    from client.profile import resolve_profile
-    from protocol.train_config import TrainConfig
-    from server.config import ConfigError, RunConfig
-    from server.registry import build_strategy, train_config
-    from strategies.gdpfed import GDPFedStrategy
-
-    try:
-        cfg = RunConfig.from_flower(run_config)
-    except ConfigError as exc:
-        raise AuditConfigError(str(exc)) from None
-    if not 0 <= client < cfg.num_clients:
-        raise AuditConfigError(f"--client must be in [0, {cfg.num_clients}) ('num-clients'); found {client}")
-    config = {k: v for k, v in run_config.items() if k != "roster"}  # the audit runs no secure-sum protocol
-    flwr_log = logging.getLogger("flwr")
-    level = flwr_log.level
-    flwr_log.setLevel(logging.ERROR)  # Flower's notes on evaluation settings are not the audit's
-    try:
-        strategy = build_strategy(RunConfig.from_flower(config))
-        profile = resolve_profile({"partition-id": client, "num-partitions": cfg.num_clients}, run_config)
-    except ValueError as exc:  # a strategy's or a budget's setting, named in the message
-        raise AuditConfigError(str(exc)) from None
-    finally:
-        flwr_log.setLevel(level)
-    record = train_config(cfg)
-    group = isinstance(strategy, GDPFedStrategy)
-    if group:
-        record = _group_config(strategy, cfg, run_config, client, record)
-    train = TrainConfig.decode(record)
-    secure = strategy.secure_aggregation is not None  # the strategy's rounds run inside secure sums
-    floor = max(strategy.secure_min_survivors(train.noise_shares), profile.floors.min_sum_size) if secure else None
-    return _Setup(run_config, cfg, strategy, profile, train, floor, group)
-
-
-def _group_config(strategy: Any, cfg: Any, run_config: dict[str, Any], client: int, record: Any) -> Any:
-    """GDPFed's per-node train config of ``client``: the strategy's own plan and ``node_config``."""
-    from types import SimpleNamespace
-
-    from client.profile import resolve_profile
-    from protocol.train_config import TrainConfig
-    from strategies.gdpfed import plan_groups
-
-    budgets = []
-    for pid in range(cfg.num_clients):
-        p = resolve_profile({"partition-id": pid, "num-partitions": cfg.num_clients}, run_config)
-        budgets.append((p.epsilon_budget, p.delta))
-    base = TrainConfig.decode(record)
-    try:
-        plan, assign = plan_groups(strategy.variant, strategy.params, budgets, base.num_rounds, base.clip,
-                                   lr=base.learning_rate, local_steps=base.local_steps or base.local_epochs,
-                                   accountant=strategy.accountant)
-    except ValueError as exc:
-        raise AuditConfigError(str(exc)) from None
-    strategy.plan = plan
-    strategy.group_of = {pid: m for pid, m in enumerate(assign)}
-    return strategy.node_config(1, SimpleNamespace(node_id=client), record)
-
-
-def _ledger(setup: _Setup) -> PrivacyLedger:
-    """The client's ledger at the start of the run (fresh: the audit ignores ``ledger-dir``)."""
-    return PrivacyLedger(setup.profile.epsilon_budget, setup.profile.delta, accountant=setup.train.accountant)
-
-
-def _noise(setup: _Setup, partition_id: int, server_round: int) -> NoiseSource:
-    from client.seeds import client_seed, noise_for
-
-    profile = replace(setup.profile, partition_id=partition_id, client_id=str(partition_id))
-    return noise_for(profile, client_seed(setup.train.seed, partition_id, server_round))
-
-
-def _replay(setup: _Setup, partition_id: int, server_round: int) -> NoiseSource:
-    """What a server that knows the run seed regenerates as ``partition_id``'s noise of ``server_round``."""
-    from client.seeds import client_seed
-
-    return noise_source("seeded", client_seed(setup.train.seed, partition_id, server_round))
-
-
-def _mechanism(setup: _Setup, num_examples: int, hook: MechanismHook | None) -> Mechanism:
-    mechanism = setup.train.mechanism(num_examples=num_examples, delta=setup.profile.delta,
-                                      secure_floor=setup.secure_floor)
-    return hook(mechanism) if hook is not None else mechanism
-
-
-def _num_examples(setup: _Setup) -> int:
-    from client.model_task import count_local_examples
-    from protocol.run_settings import RunSettings
-
-    return int(count_local_examples(setup.profile, RunSettings.of(setup.run_config)))
-
-
-# --------------------------------------------------------------------------- client-level games
-def _unit_rows(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:
-    basis, _ = np.linalg.qr(rng.standard_normal((dim, count)))
-    return np.asarray(basis.T, dtype=np.float64)
-
-
-def _charged(ledgers: Sequence[PrivacyLedger]) -> PrivacyLedger:
-    """The canary ledger that charged the most (one per distinct history: the canaries' agree but for refusals)."""
-    distinct = {tuple(ledger.history): ledger for ledger in ledgers}
-    return max(distinct.values(), key=lambda ledger: (ledger.spent(), len(ledger.history)))
-
-
-def _client_level(setup: _Setup, game: str, *, canaries: int, extension: int, rng: np.random.Generator,
-                  hook: MechanismHook | None) -> tuple[Observation, dict[str, Any]]:
-    """Canary clients through the configured client-level mechanism (module docstring)."""
-    train = setup.train
-    num_examples = 1  # the client-level mechanisms' charge does not depend on n
-    template = _ledger(setup)
-    probe = _mechanism(setup, num_examples, hook)
-    shares_per_sum = {"update": 1, "secure-sum": setup.secure_floor or 1, "group-sum": train.noise_shares}[game]
-    per_sum = 1 if game == "group-sum" else shares_per_sum  # canaries in one sum
-    if per_sum > STAND_IN_DIM:
-        raise AuditConfigError(f"a sum of {per_sum} canaries needs more than {STAND_IN_DIM} coordinates")
-    sums = -(-canaries // per_sum)
-    total = sums * per_sum
-    rounds = train.num_rounds * extension
-    rate = train.group_sample_rate if game == "group-sum" else 1.0
-    clip = probe.clip
-    secrets = rng.choice(np.array([-1, 1]), size=total)
-    directions = np.zeros((total, STAND_IN_DIM))
-    observed = np.zeros((total, STAND_IN_DIM))
-    ledgers: list[PrivacyLedger] = []
-    sent: list[float] = []
-    releases = made_most = 0
-    received = [np.zeros(STAND_IN_DIM, dtype=np.float64)]
-    zero = [np.zeros(STAND_IN_DIM, dtype=np.float64)]
-    for j in range(sums):
-        members = range(j * per_sum, (j + 1) * per_sum)
-        directions[members.start:members.stop] = _unit_rows(rng, per_sum, STAND_IN_DIM)
-        own = {i: copy.deepcopy(template) for i in members}  # each canary client's own ledger
-        released = np.zeros(STAND_IN_DIM)
-        for t in range(1, rounds + 1):
-            total_sum, replayed = np.zeros(STAND_IN_DIM), np.zeros(STAND_IN_DIM)
-            shares = 0
-            for i in members:  # partition id i: every client of the game has its own
-                if game == "group-sum" and rng.random() >= rate:
-                    continue  # not sampled this round (the server does not see this coin)
-                mechanism = _mechanism(setup, num_examples, hook)
-                work = CanaryWork(received, [CANARY_NORM * clip * secrets[i] * directions[i]])
-                done = client_release(mechanism, own[i], run_id=RUN_ID, server_round=t, work=work,
-                                      noise=_noise(setup, i, t))
-                if done is None:
-                    continue  # refused: nothing released
-                upload, release = done
-                sent.append(release.noise_multiplier)
-                total_sum += upload.arrays[0] - received[0]
-                replayed += _replayed_noise(setup, mechanism, release.noise_multiplier, i, t)
-                shares += 1
-            if game == "group-sum":  # the other members' shares: the sum always carries r_m of them
-                for k in range(shares_per_sum - shares):
-                    pid = total + j * shares_per_sum + k
-                    mechanism = _mechanism(setup, num_examples, hook)
-                    sigma = mechanism.noise_multiplier
-                    other = mechanism.run(CanaryWork(received, zero), mechanism.release(sigma), _noise(setup, pid, t))
-                    total_sum += other.arrays[0] - received[0]
-                    replayed += _replayed_noise(setup, mechanism, sigma, pid, t)
-                if shares == 0 and rate >= 1:
-                    continue  # no amplification is charged: the server may know the canary was not in this sum
-            elif shares == 0 or (game == "secure-sum" and shares < shares_per_sum):
-                continue  # too few survivors: the secure sum releases nothing
-            residual = total_sum - replayed
-            released += residual if np.linalg.norm(residual) < np.linalg.norm(total_sum) else total_sum
-            releases += 1
-        made_most = max([made_most, *(o.releases_in_run(RUN_ID) for o in own.values())])
-        observed[members.start:members.stop] = released
-        ledgers += own.values()
-    scores = np.einsum("ij,ij->i", observed, directions) / clip
-    ledger = _charged(ledgers)
-    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(ledger.history),
-                      "replace-one", releases)
-    extras = {"noise_multiplier": float(np.median(sent)) if sent else float(train.noise_multiplier),
-              "sample_rate": rate, "clip": clip, "steps": train.num_rounds if game == "group-sum" else 1,
-              "rounds_requested": rounds,
-              "releases_per_canary": made_most, "mechanism": probe.kind, "accountant": ledger.conversion()}
-    return obs, extras
-
-
-def _replayed_noise(setup: _Setup, mechanism: Mechanism, sigma: float, partition_id: int, server_round: int
-                    ) -> np.ndarray:
-    """The noise a client added, as a server that knows the run seed regenerates it (σ is public)."""
-    shares = int(getattr(mechanism, "noise_shares", 1))
-    std = sigma * mechanism.clip / math.sqrt(shares)
-    (draw,) = gaussian_noise_like([np.zeros(STAND_IN_DIM)], std, _replay(setup, partition_id, server_round))
-    return np.asarray(draw, dtype=np.float64)
-
-
-# --------------------------------------------------------------------------- record level
-def _record_level(setup: _Setup, *, canaries: int, extension: int, rng: np.random.Generator,
-                  hook: MechanismHook | None) -> tuple[Observation, dict[str, Any]]:
-    """One client's DP-SGD run on a shard holding canary records (module docstring)."""
-    import torch
-
-    from client.training import LocalTrainingConfig
-    from client.work import ModelWork
-    from privacy.mechanisms import dpsgd_expected_batch
-    from tasks.datasets import ArrayDataset
-    from tasks.model_names import resolve_grad_sample_mode
-    from tasks.models import build_model, get_weights, set_weights
-
-    train = setup.train
-    n = _num_examples(setup)
-    examples, _ = train.dpsgd_workload(n)
-    m = min(canaries, examples)
-    ledger = _ledger(setup)
-    clip = train.clip
-    secrets = rng.choice(np.array([-1, 1]), size=m)
-    x = np.zeros((examples, 1, 1, m), dtype=np.float32)
-    x[np.arange(m), 0, 0, np.arange(m)] = RECORD_FEATURE * clip
-    y = np.arange(examples, dtype=np.int64) % 2  # fillers: alternating labels (the bias stays balanced)
-    y[:m] = (1 + secrets) // 2
-    data = ArrayDataset(x, y, num_classes=2, name="canary-shard")
-    model = build_model("logreg", input_shape=(1, 1, m), num_classes=2, seed=0)
-    mode = resolve_grad_sample_mode(train.grad_sample_mode, "logreg")
-    rounds = train.num_rounds * extension
-    released = np.zeros((2, m))
-    sigma, rate, steps = float(train.noise_multiplier), 0.0, 0
-    releases = 0
-    pid = setup.profile.partition_id
-    for t in range(1, rounds + 1):
-        before = [w.copy() for w in get_weights(model)]
-        mechanism = _mechanism(setup, n, hook)
-        local = LocalTrainingConfig(epochs=train.local_epochs, steps=train.local_steps, batch_size=train.batch_size,
-                                    learning_rate=train.learning_rate, momentum=train.momentum, seed=t)
-        torch.manual_seed(t)
-        done = client_release(mechanism, ledger, run_id=RUN_ID, server_round=t,
-                              work=ModelWork(model, data, local, mode), noise=_noise(setup, pid, t))
-        if done is None:
-            set_weights(model, before)  # refused: the model it trained (if any) is never sent
-            continue
-        upload, release = done
-        releases += 1
-        sigma, rate, steps = release.noise_multiplier, release.sample_rate, release.steps
-        seen = upload.arrays[0].astype(np.float64) - before[0]
-        replayed = _replayed_dpsgd(setup, t, examples, (2, m), sigma * clip, rate, steps, train,
-                                   dpsgd_expected_batch(examples, train.batch_size))
-        residual = seen - replayed
-        released += residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
-        set_weights(model, upload.arrays)  # the server sends the upload back as the next model
-    scores = (released[1] - released[0]) / clip
-    directions = np.zeros((m, 2 * m))
-    directions[np.arange(m), m + np.arange(m)] = 1.0
-    directions[np.arange(m), np.arange(m)] = -1.0
-    cos = canary_cosines(np.concatenate([released[0], released[1]]), directions)
-    obs = Observation(secrets, scores, cos, tuple(ledger.history), "replace-one", releases)
-    extras = {"noise_multiplier": sigma, "sample_rate": rate, "clip": clip, "steps": steps,
-              "rounds_requested": rounds, "releases_per_canary": releases, "mechanism": mechanism.kind,
-              "accountant": ledger.conversion(), "records": examples}
-    return obs, extras
-
-
-def _replayed_dpsgd(setup: _Setup, server_round: int, n: int, shape: tuple[int, int], std: float, rate: float,
-                    steps: int, train: Any, expected_batch: int) -> np.ndarray:
-    """The weight change that a seeded client's DP-SGD noise alone makes, regenerated from the run seed.
-
-    The source is drawn in :func:`client.training.train_dpsgd`'s order (each step: the Poisson
-    coin flips, then the weight's and the bias's noise); SGD with momentum β is linear, so the
-    noise of step t moves the weights by −η z_t (1 − β^(S−t)) / ((1 − β) B).
-    """
-    replay = _replay(setup, setup.profile.partition_id, server_round)
-    beta, lr = train.momentum, train.learning_rate
-    total = np.zeros(shape)
-    for t in range(steps):
-        replay.uniform(n)
-        z = replay.normal(shape, std).astype(np.float32).astype(np.float64)
-        replay.normal((shape[0],), std)
-        remaining = steps - t
-        factor = remaining if beta == 0 else (1 - beta ** remaining) / (1 - beta)
-        total -= lr * factor * z / expected_batch
-    return total
-
-
 # --------------------------------------------------------------------------- the audit
-GAME_OBSERVES: Final[dict[str, str]] = {
-    "update": "every upload of each canary client (one Gaussian release per round, seen alone)",
-    "secure-sum": "only the sum of r_min canary clients' uploads, per round (the secure sum's output)",
-    "group-sum": "only the group's sum of r_m noise shares per round, the canary in it with probability q_m "
-                 "(the server does not see who was sampled; at q_m = 1 it knows which sums hold the canary)",
-    "dpsgd": "each round's uploaded model of one client whose shard holds the canary records (not the steps)",
-}
-
-
-def _game_of(kind: str) -> str | None:
-    """The canary game of a client mechanism's kind (None: no game for it yet)."""
-    from privacy.mechanisms import DPSGD, GroupShare, SecureSumShare, WholeUpdate
-
-    return {WholeUpdate.kind: "update", SecureSumShare.kind: "secure-sum", GroupShare.kind: "group-sum",
-            DPSGD.kind: "dpsgd"}.get(kind)
-
-
-#: What one canary is in each game.
-GAME_LEVEL: Final[dict[str, str]] = {"update": "client", "secure-sum": "client", "group-sum": "client",
-                                     "dpsgd": "record"}
-
-
-def _games(setup: _Setup) -> tuple[list[str], list[str]]:
-    """The games the config's mechanisms call for, and what is not audited (with why)."""
-    from strategies.dpfedc import DPFedC
-
-    train, cfg = setup.train, setup.cfg
-    if isinstance(setup.strategy, DPFedC):
-        return [], [f"{cfg.strategy}: DP-FedC's centroid release (clustering task) has no canary game yet"]
-    if cfg.secure_aggregation == "secagg+ddg":
-        return [], ["secagg+ddg: the distributed discrete Gaussian sum has no canary game yet"]
-    probe = train.mechanism(num_examples=1, delta=setup.profile.delta, secure_floor=setup.secure_floor)
-    if not probe.private:
-        return [], [f"dp-mode '{train.dp_mode}': no private mechanism, nothing to audit (the ledger charges "
-                    "eps = inf)"]
-    game = _game_of(probe.kind)
-    if game is None:
-        return [], [f"mechanism {probe.kind}: no canary game yet"]
-    skipped: list[str] = []
-    if setup.group and cfg.secure_aggregation == "none":
-        skipped.append("group-sum: without secure aggregation the server also sees each upload, which the "
-                       "group's charge does not cover (declared in every GDPFed report)")
-    if train.personalization:
-        skipped.append(f"personalization '{train.personalization}': the personal part is not modelled")
-    return [game], skipped
-
-
 def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Path | None = None,
           client: int = 0, canaries: int = DEFAULT_CANARIES, confidence: float = DEFAULT_CONFIDENCE,
           extension: int = DEFAULT_EXTENSION, seed: int | None = None,
@@ -635,27 +231,26 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
     if out is not None:
         check_out_dir(Path(out))
     try:
-        setup = _setup(run_config, client)
-        games, skipped = _games(setup)
+        setup = audit_setup(run_config, client)
+        chosen, skipped = select(setup)
     except AuditConfigError as exc:
         raise CliError(str(exc)) from None
     rng = np.random.default_rng(seed)
     audits = []
-    for game in games:
+    for game in chosen:
         started = time.perf_counter()
-        if GAME_LEVEL[game] == "record":
-            obs, extras = _record_level(setup, canaries=canaries, extension=extension, rng=rng, hook=mechanism_hook)
-        else:
-            obs, extras = _client_level(setup, game, canaries=canaries, extension=extension, rng=rng,
-                                        hook=mechanism_hook)
-        result = assess(obs, game, delta=setup.profile.delta, confidence=confidence, accountant=extras["accountant"],
-                        started=started)
+        try:
+            played = game.run(setup, canaries=canaries, extension=extension, rng=rng, hook=mechanism_hook)
+        except AuditConfigError as exc:
+            raise CliError(str(exc)) from None
+        result = assess(played.observation, game.name, delta=setup.profile.delta, confidence=confidence,
+                        accountant=played.accountant, started=started)
         audits.append(MechanismAudit(
-            game=game, level=GAME_LEVEL[game], mechanism=extras["mechanism"],
-            observes=GAME_OBSERVES[game], result=result, noise_multiplier=float(extras["noise_multiplier"]),
-            sample_rate=float(extras["sample_rate"]), clip=float(extras["clip"]), steps=int(extras["steps"]),
-            rounds_declared=setup.train.num_rounds, rounds_requested=int(extras["rounds_requested"]),
-            releases_per_canary=int(extras["releases_per_canary"]), noise_source=setup.profile.noise_source))
+            game=game.name, level=game.level, mechanism=played.mechanism, observes=game.observes, result=result,
+            noise_multiplier=float(played.noise_multiplier), sample_rate=float(played.sample_rate),
+            clip=float(played.clip), steps=int(played.steps), rounds_declared=setup.train.num_rounds,
+            rounds_requested=int(played.rounds_requested), releases_per_canary=int(played.releases_per_canary),
+            noise_source=setup.profile.noise_source, details=played.details))
     report = AuditReport(setup.cfg.strategy, setup.train.dp_mode, client, setup.profile.epsilon_budget,
                          tuple(audits), tuple(skipped),
                          {"canaries": canaries, "confidence": confidence, "extension": extension, "seed": seed,
@@ -729,3 +324,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
     for flagged in report.flagged:
         print(f"privet: audit: {flagged.line()}", file=sys.stderr)
     return 1 if report.flagged else 0
+
+
+def __getattr__(name: str) -> Any:
+    """``GAME_OBSERVES`` and ``GAME_LEVEL`` (game name -> what it observes, what one canary is), from the registry."""
+    if name == "GAME_OBSERVES":
+        return {g.name: g.observes for g in games()}
+    if name == "GAME_LEVEL":
+        return {g.name: g.level for g in games()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
