@@ -29,6 +29,8 @@ and Ed25519 signatures against the operator's roster (:mod:`protocol.roster`):
     inputs (it charges σ·√(r_min/m)); the privatised update is quantised and masked. In a
     ``secagg+ddg`` sum the handler also gets the sum's discrete Gaussian and rotation seed
     (:func:`secure_ddg`): its mechanism returns the integer vector (x̃ + z) mod 2^b, which is masked.
+    The masked vector travels packed in log₂ M bits per coordinate (b for ``secagg+ddg``):
+    :func:`protocol.secure_sum.pack_masked`.
 ``consistency``
     The survivors U3 (members whose masked input reached the server): a list without duplicates,
     of members that shared keys with it, itself among them, at least max(t, r_min) of them. With a
@@ -58,7 +60,6 @@ from typing import Any, cast
 import numpy as np
 from cryptography.fernet import InvalidToken
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
-from flwr.common import ndarray_to_bytes
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 from flwr.common.secure_aggregation.quantization import quantize
@@ -73,7 +74,7 @@ from flwr.supercore.primitives.asymmetric import (
 
 from client.profile import ClientProfile, load_roster, load_signing_key, resolve_profile
 from privacy.mechanisms import DDGSum
-from privacy.secure_sum import add_mod, mask, wire_dtype
+from privacy.secure_sum import add_mod, mask
 from protocol import keys
 from protocol.errors import ERROR_SECURE_SUM
 from protocol.secure_sum import (
@@ -81,6 +82,7 @@ from protocol.secure_sum import (
     SumParameters,
     consistency_threshold,
     keys_transcript,
+    pack_masked,
     rotation_seed,
     survivors_transcript,
 )
@@ -320,8 +322,11 @@ def _collect(state: MemberState, request: ConfigRecord, msg: Message, ctxt: Cont
     return reply, {keys.SECAGG_MASKED: _masked_update(state, msg, reply.content, node)}
 
 
-def _masked_update(state: MemberState, msg: Message, content: RecordDict, node: int) -> list[bytes]:
-    """The member's input (quantised ỹ = trained − global, or the DDG integer vector), plus its masks, mod M."""
+def _masked_update(state: MemberState, msg: Message, content: RecordDict, node: int) -> bytes:
+    """The member's input (quantised ỹ = trained − global, or the DDG integer vector) plus its masks, mod M, packed.
+
+    Packed in log₂ M bits per coordinate: :func:`protocol.secure_sum.pack_masked`.
+    """
     params = state.parameters
     if params.mode == DDG:
         quantised = _ddg_input(params, content)
@@ -342,8 +347,7 @@ def _masked_update(state: MemberState, msg: Message, content: RecordDict, node: 
         masked = add_mod(masked, pairwise, params.modulus, 1 if node > other else -1)
     for record in content.array_records.values():
         record.clear()
-    wire = wire_dtype(params.modulus)
-    return [ndarray_to_bytes(m.astype(wire)) for m in masked]
+    return pack_masked(masked, params.modulus)
 
 
 def _ddg_input(params: SumParameters, content: RecordDict) -> list[np.ndarray]:

@@ -10,6 +10,17 @@ Gaussian noise already added, stochastically quantised: :mod:`privacy.secure_sum
 (d, s, β, σ², B², b and the wrap-around target) are parameters, so each member's signature
 covers them: members shown different parameters compute different digests and their signature
 checks fail. Each member also recomputes them (:meth:`SumParameters.ddg_mismatch`).
+
+**A masked input on the wire.** A member's collect reply carries its masked input under
+``keys.SECAGG_MASKED`` (``"masked"``) as one byte string: every coordinate of its arrays (the
+model's arrays in order, each in C order; a ``secagg+ddg`` sum's one vector of d' integers), each a
+value mod M, packed in w = log₂ M bits (:func:`pack_masked`, the bit layout of
+:mod:`protocol.bitpack`): ⌈D·w/8⌉ bytes for D coordinates, with no header (D, M and the shapes
+come from the sum's signed parameters and the model). For ``secagg+ddg`` w = b = ``secagg.bits``.
+For ``secagg+`` w = log₂ M with M the smallest power of two above K·(2^b − 1) (b the quantisation's
+bits, K the members): a masked coordinate is uniform on [0, M), so it needs all log₂ M bits, about
+b + log₂ K. The server reads it back with :func:`unpack_masked`, which refuses a payload of any
+other length, or with a padding bit set (a vector has exactly one encoding).
 """
 
 from __future__ import annotations
@@ -20,14 +31,18 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from privacy.distributed_discrete_gaussian import MAX_BITS as DDG_MAX_BITS
 from privacy.distributed_discrete_gaussian import DDGParameters, ddg_parameters
 from protocol import keys
+from protocol.bitpack import PackError, pack, packed_size, unpack
 from protocol.config import typed
 from protocol.roster import digest, transcript
 
-__all__ = ["DDG", "GAUSSIAN", "SUM_MODES", "SumParameters", "consistency_threshold", "keys_transcript", "rotation_seed",
-           "survivors_transcript"]
+__all__ = ["DDG", "GAUSSIAN", "SUM_MODES", "PackError", "SumParameters", "consistency_threshold", "keys_transcript",
+           "pack_masked", "rotation_seed", "survivors_transcript", "unpack_masked", "wire_bits"]
 
 #: The largest modulus whose sums int64 arithmetic holds exactly.
 MAX_MODULUS = 2**62
@@ -207,3 +222,45 @@ def consistency_threshold(threshold: int, members: int) -> int:
     (Bonawitz et al. 2017, the malicious-server variant).
     """
     return max(threshold, members // 2 + 1)
+
+
+def wire_bits(modulus: int) -> int:
+    """The bits, log₂ M, one coordinate of a masked input takes on the wire (M a power of two in [2, 2^62])."""
+    if not (2 <= modulus <= MAX_MODULUS and modulus & (modulus - 1) == 0):
+        raise ValueError(f"modulus {modulus} is not a power of two in [2, 2**62]")
+    return modulus.bit_length() - 1
+
+
+def pack_masked(arrays: Sequence[npt.ArrayLike], modulus: int) -> bytes:
+    """A member's masked input as it travels (module docstring): every coordinate, in order, in log₂ M bits.
+
+    Raises
+    ------
+    ValueError
+        If a coordinate is not an integer in [0, M).
+    """
+    flat = [np.asarray(a).ravel() for a in arrays]
+    values = np.concatenate(flat) if flat else np.zeros(0, np.int64)
+    return pack(values, wire_bits(modulus))
+
+
+def unpack_masked(payload: object, shapes: Sequence[tuple[int, ...]], modulus: int) -> list[npt.NDArray[np.int64]]:
+    """The masked arrays of ``shapes`` (int64, in [0, M)) from a member's payload, as the server reads it.
+
+    Raises
+    ------
+    PackError
+        If the payload is not one byte string of exactly ⌈D·log₂ M/8⌉ bytes (D the coordinates of
+        ``shapes``), or a padding bit after the last coordinate is set; the message says which.
+    """
+    width = wire_bits(modulus)
+    sizes = [math.prod(shape) for shape in shapes]
+    if not isinstance(payload, bytes):
+        raise PackError(f"expected one byte string of {packed_size(sum(sizes), width)} bytes "
+                        f"({sum(sizes)} coordinates of {width} bits); found {type(payload).__name__}")
+    flat = unpack(payload, sum(sizes), width).astype(np.int64)
+    out, start = [], 0
+    for shape, size in zip(shapes, sizes, strict=True):
+        out.append(flat[start:start + size].reshape(shape))
+        start += size
+    return out

@@ -28,9 +28,10 @@ from flwr.serverapp import Grid
 
 from privacy.distributed_discrete_gaussian import ddg_parameters
 from privacy.mechanisms.ddg import DDGSum
-from privacy.secure_sum import quantisation_for, wire_dtype
+from privacy.secure_sum import quantisation_for
+from protocol.bitpack import packed_size
 from protocol.roster import Roster
-from protocol.secure_sum import SumParameters
+from protocol.secure_sum import SumParameters, wire_bits
 from strategies.secure_sum import (
     SecureAggregation,
     SumResult,
@@ -63,7 +64,10 @@ class SumMechanism:
 
 @dataclass(frozen=True)
 class Released:
-    """Stage 3's outcome: the released sums, one report line per sum, masked bytes received."""
+    """Stage 3's outcome: the released sums, one report line per sum, the bytes of the accepted masked inputs.
+
+    Each accepted input is ⌈D·log₂ M/8⌉ bytes, as packed on the wire.
+    """
 
     sums: list[SumResult]
     report: list[dict[str, Any]]
@@ -195,6 +199,6 @@ class SecureRounds:
                             "norm_bound": math.sqrt(ddg.norm_bound_sq), "padded_dim": ddg.padded_dim,
                             "beta": ddg.beta, "wrap_probability": ddg.wrap_probability})
             report.append(row)
-        wire = {n: wire_dtype(s.modulus).itemsize for s in self._sums for n in s.members}  # as they travelled
-        bytes_up = int(sum(a.size * wire[n] for n, arrays in inputs.items() for a in arrays))
+        width = {n: wire_bits(s.modulus) for s in self._sums for n in s.members}  # log₂ M bits per coordinate
+        bytes_up = int(sum(packed_size(sum(a.size for a in arrays), width[n]) for n, arrays in inputs.items()))
         return Released(released, report, bytes_up)

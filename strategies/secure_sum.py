@@ -10,7 +10,9 @@ subsets are disjoint, several per round, e.g. one per GDPFed budget group):
                  encrypted Shamir shares of its self-mask seed and pairwise secret key
     collect      the train message, with the shares addressed to the member; it trains, then
                  answers its masked input: its quantised noisy update (``secagg+``), or its
-                 rotated, rounded update plus a discrete Gaussian share (``secagg+ddg``)
+                 rotated, rounded update plus a discrete Gaussian share (``secagg+ddg``), packed
+                 in log₂ M bits per coordinate (:func:`protocol.secure_sum.unpack_masked` reads
+                 it; a payload of the wrong length or with padding bits set leaves the member out)
     consistency  (with a roster) every survivor gets the survivor set U3 and answers its signature
     unmask       every survivor gets the consistency signatures and answers its shares: the seed
                  share of each survivor, the key share of each member that dropped after sharing
@@ -43,7 +45,6 @@ from typing import Any, cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.common.secure_aggregation.quantization import dequantize
@@ -51,10 +52,10 @@ from flwr.serverapp import Grid
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 
 from privacy.distributed_discrete_gaussian import DDGParameters, decode
-from privacy.secure_sum import Quantisation, add_mod, mask, wire_dtype
+from privacy.secure_sum import Quantisation, add_mod, mask
 from protocol import keys
 from protocol.roster import Roster
-from protocol.secure_sum import DDG, SumParameters, keys_transcript, rotation_seed
+from protocol.secure_sum import DDG, PackError, SumParameters, keys_transcript, rotation_seed, unpack_masked
 from strategies.secagg_config import SECURE_AGGREGATION, SecureAggregation
 
 __all__ = ["SECURE_AGGREGATION", "SecureAggregation", "SumMember", "SumResult", "SumState", "check_ddg_sum",
@@ -265,20 +266,17 @@ def collect_messages(sums: Sequence[SumState], train: dict[int, Message]) -> lis
 
 
 def masked_input(reply: Message, shapes: Sequence[tuple[int, ...]], modulus: int) -> list[np.ndarray] | str:
-    """A member's masked vector from its collect reply, or why it is unusable."""
+    """A member's masked vector from its collect reply (int64 arrays of ``shapes`` in [0, M)), or why it is unusable.
+
+    The payload is one byte string, the coordinates packed in log₂ M bits
+    (:func:`protocol.secure_sum.unpack_masked`): one of any other length, or with a padding bit set, is refused.
+    """
     rec = reply.content.config_records.get(keys.SECAGG_RECORD)
     raw = rec.get(keys.SECAGG_MASKED) if rec is not None else None
-    if not isinstance(raw, list) or len(raw) != len(shapes) or not all(isinstance(b, bytes) for b in raw):
-        return f"expected {len(shapes)} masked arrays in '{keys.SECAGG_RECORD}'"
     try:
-        arrays = [bytes_to_ndarray(cast(bytes, b)) for b in raw]
-    except (ValueError, TypeError, OSError) as exc:
-        return f"masked arrays cannot be read ({exc})"
-    wire = wire_dtype(modulus)
-    for a, shape in zip(arrays, shapes, strict=True):
-        if a.shape != tuple(shape) or a.dtype != wire or (a.size and int(a.max()) >= modulus):
-            return f"a masked array is not {wire} of shape {tuple(shape)} in [0, {modulus})"
-    return [a.astype(np.int64) for a in arrays]
+        return unpack_masked(raw, shapes, modulus)
+    except PackError as exc:
+        return f"its masked input '{keys.SECAGG_RECORD}.{keys.SECAGG_MASKED}' is malformed: {exc}"
 
 
 def release_sums(grid: Grid, sums: Sequence[SumState], inputs: dict[int, list[np.ndarray]],

@@ -18,7 +18,6 @@ from typing import Any, cast
 
 import numpy as np
 from flwr.app import Message
-from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
@@ -27,6 +26,7 @@ from client.app import app as client_app
 from privacy.secure_sum import add_mod, mask
 from privet.inprocess import InProcessGrid, simulation_node_configs
 from protocol import keys
+from protocol.bitpack import unpack
 from protocol.roster import generate
 
 Tamper = Callable[[int, Message], Message | None]
@@ -95,8 +95,9 @@ class Loot:
             sent = cast(list[int], request.content.config_records[keys.SECAGG_RECORD][keys.SECAGG_SURVIVORS])
             self.consistency[node] = (list(sent), cast(bytes, answer[keys.SIGNATURE]))
         elif stage == keys.STAGE_COLLECT:
-            self.masked[node] = [bytes_to_ndarray(b).astype(np.int64)
-                                 for b in cast(list[bytes], answer[keys.SECAGG_MASKED])]
+            # one vector of log₂ M-bit words (protocol.secure_sum): ⌊8·len/w⌋ is its length for w ≥ 8
+            raw, width = cast(bytes, answer[keys.SECAGG_MASKED]), self.modulus.bit_length() - 1
+            self.masked[node] = [unpack(raw, 8 * len(raw) // width, width).astype(np.int64)]
         elif stage == keys.STAGE_UNMASK:
             kinds = cast(list[str], answer.get(keys.SECAGG_KINDS, []))
             for owner, share, kind in zip(cast(list[int], answer[keys.SECAGG_OWNERS]),
@@ -122,7 +123,11 @@ class Loot:
     def exposed(self, target: int) -> bool:
         """Whether the attacker rebuilt the target's quantised input exactly."""
         got = self.recover(target)
-        return got is not None and all(np.array_equal(a, b) for a, b in zip(got, self.truth[target], strict=True))
+        if got is None:
+            return False
+        # the input travels as one vector: the arrays' coordinates in order (so are their masks)
+        return np.array_equal(np.concatenate([a.ravel() for a in got]),
+                              np.concatenate([a.ravel() for a in self.truth[target]]))
 
 
 def spy_on_quantisation(monkeypatch: Any, loot: Loot, grid_holder: list[InProcessGrid]) -> None:

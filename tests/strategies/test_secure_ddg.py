@@ -141,7 +141,7 @@ def test_the_released_sum_is_the_clipped_updates_plus_noise_of_the_predicted_var
 
 
 def test_the_server_holds_uniform_vectors_whose_unmasked_sum_is_the_inputs_sum(run_config_factory, monkeypatch):
-    from flwr.common import bytes_to_ndarray
+    from protocol.bitpack import unpack
 
     probe = Probe(monkeypatch)
     replies: list[tuple[int, str, Message]] = []
@@ -154,11 +154,12 @@ def test_the_server_holds_uniform_vectors_whose_unmasked_sum_is_the_inputs_sum(r
     cfg = _config(run_config_factory)
     grid = InProcessGrid(client_app, simulation_node_configs(CLIENTS), cfg, reply_hook=hook)
     probe.run(cfg, grid)
-    masked = [np.concatenate([bytes_to_ndarray(b).ravel() for b in
-                              r.content.config_records[keys.SECAGG_RECORD][keys.SECAGG_MASKED]])
-              for _, stage, r in replies if stage == keys.STAGE_COLLECT and not r.has_error()]
+    payloads = [r.content.config_records[keys.SECAGG_RECORD][keys.SECAGG_MASKED]
+                for _, stage, r in replies if stage == keys.STAGE_COLLECT and not r.has_error()]
+    assert all(isinstance(p, bytes) and len(p) == 8192 * BITS // 8 for p in payloads)  # b bits a coordinate
+    masked = [unpack(p, 8192, BITS).astype(np.int64) for p in payloads]
     modulus = 1 << BITS
-    assert len(masked) == CLIENTS and all(v.dtype == np.uint32 and v.size == 8192 for v in masked)
+    assert len(masked) == CLIENTS
     for vector, own in zip(masked, probe.inputs, strict=True):
         assert stats.kstest(vector / modulus, "uniform").pvalue > 1e-4
         assert stats.kstest(own / modulus, "uniform").pvalue < 1e-10  # the test has power

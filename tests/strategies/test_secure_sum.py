@@ -88,14 +88,17 @@ class Probe:
         return run_experiment(grid, cfg, run_id=1)
 
 
-def _masked_vectors(probe: Probe) -> dict[int, np.ndarray]:
-    from flwr.common import bytes_to_ndarray
+def _masked_vectors(probe: Probe, modulus: int) -> dict[int, np.ndarray]:
+    """Each member's masked vector as the server received it: log₂ M bits a coordinate, ⌈D·log₂ M/8⌉ bytes."""
+    from protocol.bitpack import unpack
 
-    out = {}
+    width, out = modulus.bit_length() - 1, {}
     for node, stage, reply in probe.replies:
         if stage == keys.STAGE_COLLECT and not reply.has_error():
             raw = reply.content.config_records[keys.SECAGG_RECORD][keys.SECAGG_MASKED]
-            out[node] = np.concatenate([bytes_to_ndarray(b).ravel() for b in raw])
+            count = sum(a.size for a in probe.quantised[node])
+            assert isinstance(raw, bytes) and len(raw) == math.ceil(count * width / 8)
+            out[node] = unpack(raw, count, width).astype(np.int64)
     return out
 
 
@@ -108,11 +111,10 @@ def test_server_sees_uniform_masked_vectors_and_unmasks_exactly_the_sum(run_conf
     probe = Probe(monkeypatch)
     cfg = _config(run_config_factory)
     summary = probe.run(cfg)
-    masked = _masked_vectors(probe)
+    modulus = 1 << (5 * (2**24 - 1)).bit_length()  # M = 2^27 here: 27 bits a coordinate on the wire
+    masked = _masked_vectors(probe, modulus)
     assert len(masked) == 5 and len(probe.sums) == 1 and probe.sums[0].total is not None
-    modulus = 1 << (5 * (2**24 - 1)).bit_length()
     for node, vector in masked.items():
-        assert vector.dtype == np.uint32  # M = 2^27 here: 4 bytes a coordinate, as the float32 model
         # what the server held of each client is uniform on [0, M): KS test against U(0, M)
         assert stats.kstest(vector / modulus, "uniform").pvalue > 1e-4
         # while the client's own quantised input is not (the test has power)
@@ -215,24 +217,28 @@ def test_an_unclipped_update_makes_the_sum_fail_its_check(run_config_factory, mo
     assert "unclipped" in row["secure_sums"][0]["reason"] and not row["secure_sums"][0]["released"]
 
 
-def test_a_masked_input_of_the_wrong_width_or_range_is_unusable():
+def test_a_masked_input_of_the_wrong_length_or_padding_is_unusable():
     from flwr.app import ConfigRecord, RecordDict
     from flwr.common import ndarray_to_bytes
 
+    from protocol.secure_sum import pack_masked
     from strategies.secure_sum import masked_input
 
-    def reply(arrays):
-        content = RecordDict({keys.SECAGG_RECORD: ConfigRecord({keys.SECAGG_MASKED: [ndarray_to_bytes(a)
-                                                                                   for a in arrays]})})
+    def reply(payload):
+        content = RecordDict({keys.SECAGG_RECORD: ConfigRecord({keys.SECAGG_MASKED: payload})})
         return Message(content, dst_node_id=1, message_type="train")
 
-    modulus, shapes = 2**27, [(3,), (2, 2)]
-    good = [np.array([0, 5, modulus - 1], np.uint32), np.ones((2, 2), np.uint32)]
-    parsed = masked_input(reply(good), shapes, modulus)
+    modulus, shapes = 2**27, [(3,), (2, 2)]  # 7 coordinates of 27 bits: 189 bits, 24 bytes, 3 padding bits
+    good = [np.array([0, 5, modulus - 1]), np.ones((2, 2), np.int64)]
+    payload = pack_masked(good, modulus)
+    parsed = masked_input(reply(payload), shapes, modulus)
     assert not isinstance(parsed, str) and parsed[0].dtype == np.int64 and parsed[0][2] == modulus - 1
-    assert "uint32" in masked_input(reply([a.astype(np.int64) for a in good]), shapes, modulus)
-    assert "in [0," in masked_input(reply([np.array([0, 5, modulus], np.uint32), good[1]]), shapes, modulus)
-    assert "expected 2" in masked_input(reply(good[:1]), shapes, modulus)
+    assert parsed[1].shape == (2, 2) and len(payload) == 24
+    assert "not the 24" in masked_input(reply(payload[:-1]), shapes, modulus)
+    assert "not the 24" in masked_input(reply(payload + b"\0"), shapes, modulus)
+    assert "padding" in masked_input(reply(payload[:-1] + bytes([payload[-1] | 0x80])), shapes, modulus)
+    old = [ndarray_to_bytes(a.astype(np.uint32)) for a in good]  # the unpacked list of arrays refused
+    assert "byte string" in masked_input(reply(old), shapes, modulus)
 
 
 def test_masks_are_uniform_distinct_and_cancel():
