@@ -422,6 +422,8 @@ GAMES: Final[dict[str, str]] = {
     "secure-sum": "privet.audit_games:SECURE_SUM",
     "group-sum": "privet.audit_games:GROUP_SUM",
     "dpsgd": "privet.audit_games:DPSGD",
+    "centroids": "privet.audit_centroids:CENTROIDS",
+    "ddg-sum": "privet.audit_ddg:DDG_SUM",
 }
 
 
