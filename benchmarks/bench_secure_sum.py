@@ -17,6 +17,12 @@ training, identical in all, is left out) on the in-process grid, and the same se
   noise (:func:`privacy.distributed_discrete_gaussian.encode`) before masking one vector of
   d' = 32,768 integers mod 2^b; the server unmasks, rotates back and decodes.
 
+Every masked input travels packed in log₂ M bits per coordinate (:mod:`protocol.bitpack`: b for
+DDG, b + ⌈log₂ K⌉ for the Gaussian sums' b = 24 quantiser); the record keeps the masked payload's
+bytes per coordinate beside the protobuf totals, and the time to pack and unpack one vector of
+d = 2^17 coordinates at several widths, against the unpacked uint32 ``.npy`` encoding the wire
+used before and against expanding that vector's mask (ChaCha20), in the same run.
+
 Every train handler draws its noise from privet's CSPRNG (``noise_source("csprng")``, as clients
 do): float Gaussian noise for the three Gaussian variants, exact discrete Gaussian noise for DDG,
 so the ratios include the privatisation's own cost.
@@ -31,7 +37,8 @@ are taken within this one run.
 Usage::
 
     python benchmarks/bench_secure_sum.py --clients 10 50 120 --repeats 3 --out benchmarks/results/secure_sum.md
-    python benchmarks/bench_secure_sum.py --clients 10 50 --ddg-bits 16 20 --out benchmarks/results/secure_sum_ddg.md
+    python benchmarks/bench_secure_sum.py --clients 10 30 --repeats 2 --ddg-bits 12 16 20 24 \
+        --out benchmarks/results/secure_sum_ddg.md
     python benchmarks/bench_secure_sum.py --render benchmarks/results/secure_sum.json   # the tables from the record
 """
 
@@ -54,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common import bytes_to_ndarray, ndarray_to_bytes  # noqa: E402
 from flwr.common.serde import recorddict_to_proto  # noqa: E402
 from records import machine, write  # noqa: E402
 
@@ -61,9 +69,10 @@ from client.secure_sum import secure_ddg, secure_sum_mod  # noqa: E402
 from privacy.distributed_discrete_gaussian import ddg_parameters, encode  # noqa: E402
 from privacy.mechanisms import privatize_update  # noqa: E402
 from privacy.randomness import noise_source  # noqa: E402
-from privacy.secure_sum import quantisation_for  # noqa: E402
+from privacy.secure_sum import mask, quantisation_for  # noqa: E402
 from privet.inprocess import InProcessGrid, simulation_node_configs  # noqa: E402
 from protocol import keys  # noqa: E402
+from protocol.bitpack import pack, unpack  # noqa: E402
 from protocol.roster import Roster, generate  # noqa: E402
 from protocol.secure_sum import SumParameters  # noqa: E402
 from protocol.train_config import TrainConfig  # noqa: E402
@@ -101,17 +110,22 @@ def train(msg: Message, context: Context) -> Message:
 
 
 class CountingGrid(InProcessGrid):
-    """The in-process grid, counting the protobuf bytes of every message each way."""
+    """The in-process grid, counting the protobuf bytes of every message each way, and the masked payloads' bytes."""
 
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)
-        self.down = self.up = 0
+        self.down = self.up = self.masked = self.coordinates = 0
 
     def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001, ANN201, D102
         messages = list(messages)
         self.down += sum(recorddict_to_proto(m.content).ByteSize() for m in messages)
         replies = super().send_and_receive(messages, timeout=timeout)
         self.up += sum(recorddict_to_proto(r.content).ByteSize() for r in replies if not r.has_error())
+        for r in replies:
+            record = None if r.has_error() else r.content.config_records.get(keys.SECAGG_RECORD)
+            payload = record.get(keys.SECAGG_MASKED) if record is not None else None
+            if isinstance(payload, bytes):
+                self.masked += len(payload)
         return replies
 
 
@@ -154,6 +168,7 @@ def secure_round(grid: CountingGrid, weights: list[np.ndarray], roster: Roster |
     shapes = [w.shape for w in weights]
     inputs = {r.metadata.src_node_id: masked_input(r, sums[0].input_shapes(shapes), params.modulus)
               for r in replies if not r.has_error()}
+    grid.coordinates = sum(sum(a.size for a in v) for v in inputs.values() if not isinstance(v, str))
     (result,) = release_sums(grid, sums, {n: v for n, v in inputs.items() if not isinstance(v, str)}, shapes,
                              roster=roster, timeout=600, ttl=None)
     assert result.total is not None, result.reason
@@ -177,13 +192,42 @@ def measure(k: int, repeats: int, weights: list[np.ndarray], folder: Path,
             start = time.perf_counter()
             sums[name] = fn(grid, weights, anchor, bits) if bits else fn(grid, weights, anchor)
             times[name].append(time.perf_counter() - start)
-            bytes_[name] = {"down": grid.down, "up": grid.up}
+            bytes_[name] = {"down": grid.down, "up": grid.up, "masked": grid.masked, "coordinates": grid.coordinates}
     # the sums are noisy (independent CSPRNG noise in every variant): the error is the RMS per coordinate
     # of each sum's difference from the plaintext one, against √2·σC, the noise alone would give
     rms = {v: float(np.sqrt(np.mean(np.concatenate([(a - b).ravel() for a, b in zip(sums["plain"], sums[v],
                                                                                       strict=True)]) ** 2)))
            for v in times if v != "plain"}
     return {"k": k, "seconds": times, "bytes": bytes_, "rms": rms, "expected_rms": float(np.sqrt(2) * SIGMA * CLIP)}
+
+
+def packing(dim: int, widths: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """Seconds to pack and unpack one masked vector of ``dim`` coordinates at each width (medians of ``repeats``),
+    beside the unpacked uint32 .npy encoding and the mask expansion of the same vector, interleaved."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for width in widths:
+        values = rng.integers(0, 2**width, size=dim, dtype=np.int64)
+        seconds: dict[str, list[float]] = {"pack": [], "unpack": [], "npy": [], "mask": []}
+        packed = npy = b""
+        for _ in range(repeats):
+            start = time.perf_counter()
+            packed = pack(values, width)
+            seconds["pack"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            back = unpack(packed, dim, width)
+            seconds["unpack"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            npy = ndarray_to_bytes(values.astype(np.uint64 if width > 32 else np.uint32))
+            bytes_to_ndarray(npy).astype(np.int64)
+            seconds["npy"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            mask(os.urandom(32), 2**width, [(dim,)])
+            seconds["mask"].append(time.perf_counter() - start)
+            assert np.array_equal(back, values.astype(np.uint64))
+        rows.append({"bits": width, "bytes": len(packed), "npy_bytes": len(npy),
+                     **{k: statistics.median(v) for k, v in seconds.items()}})
+    return {"dim": dim, "repeats": repeats, "rows": rows}
 
 
 def _labels(record: dict[str, Any]) -> list[tuple[str, str]]:
@@ -229,16 +273,41 @@ def render(record: dict[str, Any]) -> str:
         lines.append(f"| {r['k']} | " + " | ".join(f"{b[v]['up']:,}" for v, _ in names) + " | "
                      + " | ".join(f"{b[v]['up'] / b['plain']['up']:.2f}x" for v, _ in names[1:]) + " | "
                      + " | ".join(f"{b[v]['down'] / b['plain']['down']:.2f}x" for v, _ in names[1:]) + " |")
+    if all("masked" in r["bytes"][v] for r in record["rows"] for v, _ in names[1:]):
+        lines += ["", "Masked payload (every member's masked input as sent, without the rest of the reply), bytes per "
+                  "coordinate:", "",
+                  "| K | " + " | ".join(f"{label}" for _, label in names[1:]) + " |", "|---" * len(names) + "|"]
+        for r in record["rows"]:
+            b = r["bytes"]
+            lines.append(f"| {r['k']} | " + " | ".join(f"{b[v]['masked'] / b[v]['coordinates']:.3f}"
+                                                       for v, _ in names[1:]) + " |")
     lines += ["", "## Error", "",
               "| K | " + " | ".join(f"RMS of {label} − plaintext" for _, label in names[1:])
               + " | √2·σC (independent noise alone) |", "|---" * (len(names) + 1) + "|"]
     for r in record["rows"]:
         lines.append(f"| {r['k']} | " + " | ".join(f"{r['rms'][v]:.4f}" for v, _ in names[1:])
                      + f" | {r['expected_rms']:.4f} |")
+    packed = cfg.get("wire") == "packed"
+    wire = ("packed in b bits per coordinate (protocol/bitpack.py)" if packed else "in uint32")
     lines += ["", "The roster's cost is the Ed25519 signatures (each member signs its keys and the survivor set, and "
               "verifies K signatures at share keys and a majority at unmask) and the consistency round's messages. "
-              "A DDG member's input is one vector of d' = 32,768 integers (26,010 padded to a power of two) in uint32, "
+              f"A DDG member's input is one vector of d' = 32,768 integers (26,010 padded to a power of two) {wire}, "
               "and its encoding (rotation, rounding, exact sampling) runs in each client: on a deployment, in parallel."]
+    if packed:
+        widths = ", ".join(f"{(r['k'] * (2**24 - 1)).bit_length()} at K = {r['k']}" for r in record["rows"])
+        lines += ["A Gaussian secure sum's masked coordinate is uniform mod M = 2^⌈log₂(K·(2^24 − 1) + 1)⌉ and travels "
+                  f"in log₂ M bits: {widths}."]
+    if "packing" in record:
+        lines += ["", "## Packing", "",
+                  f"One masked vector of d = {record['packing']['dim']:,} coordinates packed and unpacked (medians of "
+                  f"{record['packing']['repeats']}), beside the unpacked uint32 .npy encoding (uint64 above 32 bits) "
+                  "and the expansion of that vector's mask (ChaCha20), in the same run.", "",
+                  "| bits | bytes packed | bytes .npy | pack ms | unpack ms | .npy write + read ms | mask ms "
+                  "| (pack + unpack) / mask |", "|---" * 8 + "|"]
+        for row in record["packing"]["rows"]:
+            lines.append(f"| {row['bits']} | {row['bytes']:,} | {row['npy_bytes']:,} | {1e3 * row['pack']:.2f} | "
+                         f"{1e3 * row['unpack']:.2f} | {1e3 * row['npy']:.2f} | {1e3 * row['mask']:.2f} | "
+                         f"{(row['pack'] + row['unpack']) / row['mask']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,6 +321,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "secure_sum.md",
                         help="the tables; the record goes beside it (.json)")
     parser.add_argument("--render", type=Path, metavar="JSON", help="only rebuild the tables from this record")
+    parser.add_argument("--packing-bits", type=int, nargs="*", default=[12, 16, 20, 24, 32],
+                        help="time packing one masked vector of d = 2^17 coordinates at these widths")
     args = parser.parse_args()
     if args.render:
         args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
@@ -262,8 +333,8 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         rows = [measure(k, args.repeats, weights, Path(folder), tuple(args.ddg_bits)) for k in args.clients]
-    record = {**machine(load_start), "config": {"repeats": args.repeats, "ddg_bits": args.ddg_bits},
-              "rows": rows}
+    record = {**machine(load_start), "config": {"repeats": args.repeats, "ddg_bits": args.ddg_bits, "wire": "packed"},
+              "rows": rows, "packing": packing(2**17, tuple(args.packing_bits), 2 * args.repeats + 3)}
     write(args.out, record, render)
 
 

@@ -10,12 +10,13 @@ any padding bit that is set (:func:`unpack`), so one vector has exactly one enco
 
 **How** (vectorised, no per-value Python loop). Eight consecutive values fill exactly w bytes, so
 the values are cut into groups of eight, and value j of every group (a *phase*) starts at the same
-bit offset 8·o_j + s_j = j·w of its group. For each of the eight phases, one numpy pass shifts the
+bit offset 8·o_j + s_j = j·w of its group. For each of the eight phases, :func:`pack` shifts the
 phase's values left by s_j as 64-bit words (a ninth byte takes the bits shifted out when w + s_j
-> 64) and ORs their ⌈(w + s_j)/8⌉ low bytes into columns o_j, o_j + 1, … of the (groups × w) byte
-matrix; within one phase the values' bytes do not overlap, and the last phase ends at bit 8·w of its
-group, so no value spills into the next group. :func:`unpack` reads the same bytes back and shifts
-right. Cost: eight passes over the data each way (w = 8, 16, 32, 64 are a plain cast).
+> 64) and ORs their ⌈(w + s_j)/8⌉ low bytes into bytes o_j, o_j + 1, … of every group (kept as a
+w × groups matrix, so that each operation runs over contiguous memory); within one phase the
+values' bytes do not overlap, and the last phase ends at bit 8·w of its group, so no value spills
+into the next group. :func:`unpack` reads the same bytes back and shifts right. About w + 8 numpy
+operations over n/8 elements each way (w = 8, 16, 32, 64 are a plain cast).
 """
 
 from __future__ import annotations
@@ -75,14 +76,15 @@ def pack(values: npt.ArrayLike, width: int) -> bytes:
     groups = -(-n // _GROUP)
     words = np.zeros((groups, _GROUP), np.uint64)
     words.reshape(-1)[:n] = v  # a view of the contiguous matrix; the last group's tail stays zero
-    out = np.zeros((groups, width), np.uint8)
+    phase = np.ascontiguousarray(words.T)  # row j: value j of every group
+    out = np.zeros((width, groups), np.uint8)  # byte c of every group, transposed: every operation is contiguous
     for j, (col, shift, touched) in enumerate(_phases(width)):
-        low = (words[:, j] << np.uint64(shift)).astype("<u8")
-        cells = low.view(np.uint8).reshape(groups, 8)
-        out[:, col:col + min(touched, 8)] |= cells[:, :min(touched, 8)]
+        low = phase[j] << np.uint64(shift)
+        for c in range(min(touched, 8)):
+            out[col + c] |= (low >> np.uint64(8 * c)).astype(np.uint8)
         if touched > 8:  # bits shifted out of the 64-bit word: width + shift > 64
-            out[:, col + 8] |= (words[:, j] >> np.uint64(64 - shift)).astype(np.uint8)
-    return out.tobytes()[:packed_size(n, width)]
+            out[col + 8] |= (phase[j] >> np.uint64(64 - shift)).astype(np.uint8)
+    return out.T.tobytes()[:packed_size(n, width)]
 
 
 def unpack(data: bytes, count: int, width: int) -> npt.NDArray[np.uint64]:
