@@ -6,6 +6,8 @@ The request is decoded once (:class:`protocol.train_config.TrainConfig`); the ta
 DP-FedC's clustering) supplies the data and the local work; the mechanism
 (:mod:`privacy.mechanisms`, chosen by :meth:`TrainConfig.mechanism`) plans the release against
 the ledger, runs it with noise from the client's own source and says what it charges; the
+privacy steps from the plan to the charge (the site's floors and the staleness check among
+them) are :func:`client.release.release_once`, the one function ``privet audit`` runs too; the
 ledger records exactly that (:meth:`privacy.ledger.PrivacyLedger.record_release`), under an
 exclusive lock from load to save, so a concurrent run on the same node waits or is refused and
 never releases an uncharged model. Nothing is charged for a release that does not happen: a
@@ -22,7 +24,6 @@ in (``report-train-metrics``), and the report lists them as outside the guarante
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Protocol
 
@@ -32,16 +33,15 @@ from client.dpfedc import ClusteringTask
 from client.ledger_store import LedgerBusy, ledger_lock, load_ledger, store_ledger
 from client.model_task import ModelTask
 from client.profile import ClientProfile, resolve_profile
+from client.release import Refused, release_once
 from client.replies import error_reply, reply_meta, stale_reason, train_report
 from client.secure_sum import secure_ddg, secure_survivors
 from client.seeds import client_seed, noise_for
-from privacy.accountants import epsilon_of
-from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger
 from privacy.mechanisms import LocalWork, Mechanism, Release, Upload
 from protocol import keys
 from protocol.dpfedc import DPFedCRound
-from protocol.errors import ERROR_BUDGET, ERROR_BUSY, ERROR_CONFIG, ERROR_REFUSED, ERROR_STALE
+from protocol.errors import ERROR_BUSY, ERROR_CONFIG, ERROR_STALE
 from protocol.train_config import TrainConfig
 
 log = logging.getLogger("privet.client")
@@ -85,10 +85,6 @@ def train_round(msg: Message, context: Context) -> Message:
         return error_reply(msg, ERROR_BUSY, f"ledger-busy: {exc}")
 
 
-def _refuse(msg: Message, profile: ClientProfile, why: str) -> Message:
-    return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id}: {why}")
-
-
 def _round(msg: Message, context: Context, profile: ClientProfile, cfg: TrainConfig) -> Message:
     started = time.perf_counter()
     run_id = int(context.run_id)
@@ -102,54 +98,21 @@ def _round(msg: Message, context: Context, profile: ClientProfile, cfg: TrainCon
                                   clustering=task.clustering, ddg=secure_ddg(msg, context))
     except (ValueError, KeyError, IndexError, FileNotFoundError) as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
-    if not mechanism.private and math.isfinite(ledger.epsilon_budget):
-        return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has a finite "
-                                              f"budget (eps={ledger.epsilon_budget:g}) and refuses non-private training")
-    if mechanism.private and mechanism.noise_multiplier <= 0 and math.isinf(ledger.epsilon_budget) \
-            and cfg.target_epsilon <= 0:
-        return error_reply(msg, ERROR_CONFIG, f"config-error: client {profile.client_id} has no finite budget "
-                                              "to calibrate noise from: set 'noise-multiplier' > 0 or give it an "
-                                              "'epsilon'")
-    try:
-        release = mechanism.plan(ledger, run_id)
-    except (PrivacyBudgetExhausted, ValueError) as exc:  # ValueError: no σ reaches the remainder
-        return _refuse(msg, profile, str(exc))
-    floor = profile.floors.refusal(
-        charged_sigma=mechanism.charged(release.noise_multiplier),
-        release_epsilon=epsilon_of(list(release.charges), ledger.delta, ledger.conversion(mechanism.ledger_mode))
-        if release.charges else 0.0,
-        releases_in_run=ledger.releases_in_run(run_id)) if mechanism.private else None
-    if floor:  # the site's own say over how its budget is spent, before any data is touched
-        return error_reply(msg, ERROR_REFUSED, f"{keys.SITE_FLOOR}: client {profile.client_id}: {floor}")
-    if mechanism.private and ledger.would_exceed_release(release.charges, run_id, mechanism.ledger_mode):
-        limit = ledger.limit(run_id)
-        what = f"its budget {ledger.epsilon_budget:g}" if limit == ledger.epsilon_budget else \
-            f"this run's cap eps={limit:g} (run-epsilon; budget {ledger.epsilon_budget:g})"
-        return error_reply(msg, ERROR_BUDGET, f"{keys.BUDGET_EXHAUSTED}: client {profile.client_id} has spent "
-                                              f"eps={ledger.spent():.4f}; round {cfg.server_round} would exceed "
-                                              f"{what}")
-
     seed = client_seed(cfg.seed, profile.partition_id, cfg.server_round)
     try:
-        upload = mechanism.run(task.work(seed), release, noise_for(profile, seed))
-        release = mechanism.settle(release, upload)
-        arrays = task.encode(upload)
+        done = release_once(mechanism, ledger, client_id=profile.client_id, run_id=run_id,
+                            server_round=cfg.server_round, work=lambda: task.work(seed),
+                            noise=lambda: noise_for(profile, seed), prepare=task.encode,
+                            target_epsilon=cfg.target_epsilon, floors=profile.floors, stale=lambda: stale_reason(msg))
     except ValueError as exc:
         return error_reply(msg, ERROR_CONFIG, f"config-error: {exc}")
-
-    stale = stale_reason(msg)
-    if stale:  # stopped or stalled mid-training: the model is discarded, never charged or sent
-        return error_reply(msg, ERROR_STALE, stale)
-    before = ledger.spent()
-    try:
-        ledger.record_release(release.charges, server_round=cfg.server_round, run_id=run_id,
-                              mode=mechanism.ledger_mode)
-    except PrivacyBudgetExhausted as exc:  # the charge exceeded the plan: discard the model
-        return _refuse(msg, profile, str(exc))
+    if isinstance(done, Refused):
+        return error_reply(msg, done.code, done.reason)
+    upload, release, arrays = done.upload, done.release, done.prepared
     store_ledger(ledger, profile, context)
     task.commit()
     reply = _Reply(msg, profile, cfg, mechanism, release, secure or 0)
-    return reply.message(ledger, before, upload, arrays, task.num_examples, time.perf_counter() - started)
+    return reply.message(ledger, done.spent_before, upload, arrays, task.num_examples, time.perf_counter() - started)
 
 
 class _Reply:
