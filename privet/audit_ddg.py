@@ -21,7 +21,9 @@ source, the charge of σ_eq through RDP); SecAgg+'s masking is not run (its outp
 released. The server asks for ``extension`` times the T rounds it declared.
 
 The attack scores each canary by ⟨decoded sum, u⟩ / C summed over rounds: the rotation, the
-rounding and the discrete noise are all in what it reads, as the server reads it.
+rounding and the discrete noise are all in what it reads, as the server reads it. As in every game,
+a server that knows the run seed regenerates ``seeded`` members' shares (:func:`_replayed_share`),
+subtracts them from the sum mod 2^b, and keeps the result where it explains the sum.
 """
 
 from __future__ import annotations
@@ -33,12 +35,22 @@ import numpy as np
 
 from client.release import client_release
 from privacy.auditing import canary_cosines
+from privacy.discrete_gaussian import discrete_gaussian
 from privacy.distributed_discrete_gaussian import DDGParameters, ddg_parameters, decode
 from privacy.ledger import PrivacyLedger
 from privacy.mechanism_audit import Observation
 from privacy.mechanisms import DDGSum, Mechanism
+from privacy.randomness import NoiseSource
 from privet.audit_games import CANARY_NORM, STAND_IN_DIM, CanaryWork, Game, most_charged, unit_rows
-from privet.audit_setup import RUN_ID, AuditConfigError, AuditSetup, MechanismHook, client_noise, fresh_ledger
+from privet.audit_setup import (
+    RUN_ID,
+    AuditConfigError,
+    AuditSetup,
+    MechanismHook,
+    client_noise,
+    fresh_ledger,
+    server_replay,
+)
 
 __all__ = ["DDG_OBSERVES", "DDG_SUM", "ddg_game", "ddg_sum_parameters"]
 
@@ -63,6 +75,17 @@ def ddg_sum_parameters(setup: AuditSetup, members: int, dim: int) -> DDGParamete
                               wrap_probability_target=section.wrap_probability)
     except ValueError as exc:
         raise AuditConfigError(f"secagg.bits = {section.bits}: {exc}") from None
+
+
+def _replayed_share(replay: NoiseSource, params: DDGParameters) -> np.ndarray:
+    """A seeded member's discrete Gaussian share as a server that knows the run seed regenerates it.
+
+    :func:`~privacy.distributed_discrete_gaussian.encode` draws d' uniforms for the rounding, again
+    on each retry, then the noise: the replay assumes one try (the usual case), and is kept only where
+    it explains the sum (a member that retried makes the replay wrong, and the raw sum is used).
+    """
+    replay.uniform(params.padded_dim)
+    return np.asarray(discrete_gaussian(params.padded_dim, params.local_sigma_sq, replay), dtype=np.int64)
 
 
 def ddg_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
@@ -106,6 +129,7 @@ def ddg_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random
         released = np.zeros(STAND_IN_DIM)
         for t in range(1, rounds + 1):
             total_sum = np.zeros(params.padded_dim, dtype=np.int64)
+            replayed = np.zeros(params.padded_dim, dtype=np.int64)
             shares = 0
             for i in members:
                 mechanism: Mechanism = setup.train.mechanism(num_examples=1, delta=setup.profile.delta,
@@ -121,10 +145,13 @@ def ddg_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random
                     continue
                 upload, _ = done
                 total_sum = np.mod(total_sum + np.asarray(upload.arrays[0], np.int64), params.modulus)
+                replayed += _replayed_share(server_replay(setup, i, t), params)
                 shares += 1
             if shares < per_sum:
                 continue  # fewer than r_min survivors: the secure sum releases nothing
-            released += decode(total_sum, params, seed)
+            seen = decode(total_sum, params, seed)
+            residual = decode(np.mod(total_sum - replayed, params.modulus), params, seed)
+            released += residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
             releases += 1
         made_most = max([made_most, *(o.releases_in_run(RUN_ID) for o in own.values())])
         observed[members.start:members.stop] = released

@@ -125,6 +125,12 @@ def test_secagg_ddg_honest_is_not_flagged_and_half_sigma_is():
     _bound_beside_charge(broken.result, "ddg-sum")
 
 
+def test_secagg_ddg_shares_from_a_seed_the_server_knows_are_flagged():
+    """noise-source = seeded: the server regenerates every member's discrete Gaussian share and subtracts it."""
+    (a,) = audit(None, [*DDG, "noise-source=seeded"], canaries=200, extension=1, seed=3).audits
+    assert a.game == "ddg-sum" and a.flagged, a.line()
+
+
 # --------------------------------------------------------------------------- DP-SGD, every step
 class HalfSigmaDPSGD(DPSGD):
     """Test-only: DP-SGD steps with half the σ the release reports and charges."""
