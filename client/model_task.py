@@ -18,7 +18,7 @@ from client.profile import ClientProfile
 from client.shard_cache import cached_shard, shard_key
 from client.training import LocalTrainingConfig
 from client.uploads import encode_upload
-from client.work import ModelWork, PersonalizedWork
+from client.work import CanaryWork, ModelWork, PersonalizedWork, canary_update
 from privacy.mechanisms import LocalWork, Upload
 from protocol import keys
 from protocol.dpfedc import DPFedCRound
@@ -97,6 +97,9 @@ class ModelTask:
         model = model_from(self.msg.content.array_records[keys.ARRAYS], self.data, self.num_classes,
                            self.settings.model)
         self._received = [w.copy() for w in get_weights(model)]
+        canary = canary_update(self.context.node_config, self._received)  # an auditor's canary node
+        if canary is not None:
+            return CanaryWork(self._received, canary)
         cfg = self.cfg
         local = LocalTrainingConfig(epochs=cfg.local_epochs, steps=cfg.local_steps, batch_size=cfg.batch_size,
                                     learning_rate=cfg.learning_rate, momentum=cfg.momentum, seed=seed)

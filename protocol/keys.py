@@ -145,6 +145,12 @@ NODE_MIN_SUM_SIZE: Final = "min-sum-size"
 NODE_MIN_NOISE_MULTIPLIER: Final = "min-noise-multiplier"
 NODE_MAX_EPSILON_PER_RELEASE: Final = "max-epsilon-per-release"
 NODE_MAX_RELEASES_PER_RUN: Final = "max-releases-per-run"
+#: An auditor's canary client (``privet audit --runtime flower``, client.work.CanaryWork): a node whose
+#: round releases S·B·u instead of training, u the unit direction its seed draws; set by the node's
+#: operator (the auditor) only, never by the server.
+NODE_AUDIT_CANARY_SEED: Final = "audit-canary-seed"
+NODE_AUDIT_CANARY_SIGN: Final = "audit-canary-sign"  # S: +1 or -1, the auditor's secret coin
+NODE_AUDIT_CANARY_NORM: Final = "audit-canary-norm"  # B > 0: the update's norm before clipping
 
 # --- metadata (ConfigRecord "meta") in replies -----------------------------------
 CLIENT_ID: Final = "client-id"

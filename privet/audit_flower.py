@@ -1,0 +1,517 @@
+"""``privet audit --runtime flower``: canary clients inside a real run of the configured strategy.
+
+::
+
+    privet audit CONFIG.toml --runtime flower --canaries 300 --out results/audit-flower
+
+The in-process games (:mod:`privet.audit_cmd`) run the client's mechanism objects on their own.
+This audit runs **the run itself**: :func:`server.app.run_experiment` (what ``privet run --backend
+inprocess`` runs: the configured strategy, its sampling, handshake, aggregation, evaluation and
+results) on an in-process Flower grid whose every node is the real ClientApp (:data:`client.app.app`,
+its mods included), each message crossing Flower's wire format (protobuf) both ways. Beside the
+``num-clients`` real clients of the config it starts ``--canaries`` **canary clients**: nodes whose own
+node config (``audit-canary-seed``, ``-sign``, ``-norm``; :func:`client.work.canary_update`), never
+anything the server sends, makes their round release S·B·u instead of training: u a random unit
+direction over the whole model drawn from the canary's secret seed, B = 2C (clipping acts) and S = ±1
+the auditor's secret coin. Each canary runs the whole client round (:mod:`client.round`): its own
+ledger, calibration, budget check, noise source and charge; its budget and δ are those of the
+audited client (``--client``), given in its node config as a deployed site's are.
+
+Two adversaries of the threat model are attacked, each against the charge of the canaries' real
+ledgers as they stand after the run (read from the nodes' state):
+
+``upload`` (white-box, the server's view)
+    Every train reply a canary sends, as the server's strategy receives it (recorded where the
+    strategy's grid hands it over): the canary's score is Σ_rounds ⟨upload − global model sent, u⟩/C.
+    Where ``noise-source = "seeded"`` the server, which knows the run seed and the canary's
+    partition id, regenerates the canary's noise (:func:`client.seeds.client_seed`) and subtracts
+    it where that explains the upload.
+``final-model`` (black-box)
+    Only the released global model (``model.npz``): the score is ⟨final − initial model, u⟩/C,
+    with everyone else's noise and training in it. No replay is attempted here.
+
+The statistics are :func:`privacy.mechanism_audit.assess` (Steinke et al.'s one-run bound, the
+threshold tests, Andrew et al.'s one-shot cosines), as the in-process audit's. Audited: client-level
+``update`` mode (:class:`privacy.mechanisms.WholeUpdate`) with its uploads seen one by one; every
+other mechanism is refused with one line naming what is not supported (the in-process games cover
+them). A flag is a lower bound above the charge: the command exits 1 with one line per flagged view.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+from flwr.app import Message
+from flwr.clientapp import ClientApp
+from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.proto.message_pb2 import Message as ProtoMessage
+
+from privacy.auditing import DEFAULT_CONFIDENCE, canary_cosines
+from privacy.ledger import PrivacyLedger
+from privacy.mechanism_audit import AuditResult, Observation, assess
+from privacy.mechanisms import WholeUpdate, gaussian_noise_like
+from privet.inprocess import InProcessGrid, simulation_node_configs
+from protocol import keys
+
+__all__ = ["DEFAULT_CANARIES", "FlowerAudit", "FlowerAuditReport", "audit_flower", "cmd_audit_flower"]
+
+#: Canary clients by default (each a node of the run: the run's cost grows with them).
+DEFAULT_CANARIES: Final = 300
+#: A canary's update norm before clipping, in units of C (clipping must act).
+CANARY_NORM: Final = 2.0
+#: The run id of the audited run (the canaries' ledgers record it).
+RUN_ID: Final = 1
+
+#: What each view's adversary sees.
+VIEW_OBSERVES: Final[dict[str, str]] = {
+    "upload": "every train reply of each canary client as the server's strategy receives it (white-box: "
+              "the directions, the global model sent, and with noise-source = seeded the run seed)",
+    "final-model": "only the released global model, its change from the initial model (black-box)",
+}
+
+log = logging.getLogger("privet.audit")
+
+
+# --------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class FlowerAudit:
+    """One view's audit of the canary clients of a real run.
+
+    Attributes
+    ----------
+    view : str
+        ``upload`` (white-box) or ``final-model`` (black-box) (:data:`VIEW_OBSERVES`).
+    mechanism : str
+        The canaries' mechanism kind (:attr:`privacy.mechanisms.Mechanism.kind`).
+    result : AuditResult
+        The bounds, the estimate, the charge (the canaries' ledgers) and the flag.
+    noise_multiplier, clip : float
+        σ the canaries reported (the median over their replies), C.
+    releases_per_canary : int
+        The most releases one canary's ledger recorded in the run.
+    rounds : int
+        The rounds the run declared.
+    noise_source : str
+        The canaries' DP randomness.
+    """
+
+    view: str
+    mechanism: str
+    result: AuditResult
+    noise_multiplier: float
+    clip: float
+    releases_per_canary: int
+    rounds: int
+    noise_source: str
+
+    @property
+    def flagged(self) -> bool:
+        """The lower bound exceeds the charge."""
+        return self.result.flagged
+
+    def line(self) -> str:
+        """One line naming the mechanism, the view and both figures."""
+        return self.result.line()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe record."""
+        r = self.result
+        return {"view": self.view, "level": "client", "mechanism": self.mechanism,
+                "observes": VIEW_OBSERVES[self.view], "flagged": self.flagged, "line": self.line(),
+                "lower_bound": _finite(r.lower_bound), "one_run_bound": _finite(r.one_run_bound),
+                "threshold_bound": _finite(r.threshold_bound), "one_shot_epsilon": _finite(r.one_shot_epsilon),
+                "charged_epsilon": r.charged_epsilon, "delta": r.delta, "confidence": r.confidence,
+                "canaries": r.canaries, "releases": r.releases, "violation": r.violation,
+                "profile": [list(p) for p in r.profile], "charged_history": [list(s) for s in r.history],
+                "relation": r.relation, "seconds": r.seconds, "noise_multiplier": self.noise_multiplier,
+                "clip": self.clip, "releases_per_canary": self.releases_per_canary, "rounds": self.rounds,
+                "noise_source": self.noise_source}
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+@dataclass(frozen=True)
+class FlowerAuditReport:
+    """The audit of one real run: its views, and the canaries' ledgers.
+
+    Attributes
+    ----------
+    strategy, dp_mode : str
+        The run's.
+    client : int
+        The audited client whose budget and δ every canary holds.
+    epsilon_budget : float
+        That budget.
+    real_clients, canaries : int
+        The config's clients, and the canary clients started beside them.
+    audits : tuple of FlowerAudit
+        One per view (``upload``, ``final-model``).
+    ledger_epsilons : tuple of float
+        ε spent by each canary's ledger after the run (as the ledger computes it).
+    run_seconds : float
+        Wall time of the run.
+    results : str
+        The run's results folder (summary.json, privacy_report.md, model.npz).
+    """
+
+    strategy: str
+    dp_mode: str
+    client: int
+    epsilon_budget: float
+    real_clients: int
+    canaries: int
+    audits: tuple[FlowerAudit, ...]
+    ledger_epsilons: tuple[float, ...]
+    run_seconds: float
+    results: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flagged(self) -> tuple[FlowerAudit, ...]:
+        """The views whose lower bound exceeds the charge."""
+        return tuple(a for a in self.audits if a.flagged)
+
+    def lines(self) -> list[str]:
+        """The text report."""
+        spent = self.ledger_epsilons
+        out = [f"privet audit (runtime flower): {self.strategy}, dp-mode {self.dp_mode}; a real run of "
+               f"{self.real_clients} clients and {self.canaries} canary clients, each with the budget of client "
+               f"{self.client} (eps={self.epsilon_budget:g}), {self.run_seconds:.1f} s (privet/audit_flower.py)",
+               f"  canary ledgers after the run: eps spent {min(spent):.4f} to {max(spent):.4f}"]
+        for a in self.audits:
+            out.append(f"  {a.view} ({a.mechanism}, client level, sigma={a.noise_multiplier:.4g}, C={a.clip:g}, "
+                       f"T={a.rounds}, a canary released at most {a.releases_per_canary}; noise {a.noise_source})")
+            out.append(f"    observes: {VIEW_OBSERVES[a.view]}")
+            out.append(f"    {a.line()}")
+        out.append(f"  the run's results: {self.results}")
+        out.append("A lower bound at the stated confidence: above the charge refutes it; below it proves nothing "
+                   "beyond 'this attack did not break it'.")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """``audit.json``."""
+        return {"runtime": "flower", "strategy": self.strategy, "dp_mode": self.dp_mode, "client": self.client,
+                "epsilon_budget": _finite(self.epsilon_budget), "real_clients": self.real_clients,
+                "canaries": self.canaries, "flagged": bool(self.flagged),
+                "audits": [a.to_dict() for a in self.audits], "ledger_epsilons": list(self.ledger_epsilons),
+                "run_seconds": self.run_seconds, "results": self.results, "settings": self.settings}
+
+
+# --------------------------------------------------------------------------- the grid
+@dataclass
+class _Sent:
+    """One train round of one canary as the server saw it."""
+
+    server_round: int
+    model: list[np.ndarray]  # the global model the server sent
+    upload: list[np.ndarray]  # what the canary's reply carried
+    noise_multiplier: float
+
+
+def _over_the_wire(msg: Message) -> Message:
+    """``msg`` serialised to Flower's protobuf and read back, as a SuperNode and the SuperLink exchange it."""
+    proto = ProtoMessage()
+    proto.ParseFromString(message_to_proto(msg).SerializeToString())
+    return message_from_proto(proto)
+
+
+def _number(value: object, default: float) -> float:
+    """A scalar record value as a float (``default`` for a missing or non-scalar one)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+class _AuditGrid(InProcessGrid):
+    """The in-process grid (:class:`privet.inprocess.InProcessGrid`), every message crossing Flower's wire
+    format, and the server's view of the canaries recorded where the strategy receives it.
+    """
+
+    def __init__(self, client_app: ClientApp, node_configs: Sequence[dict[str, Any]], run_config: dict[str, Any],
+                 first_canary: int) -> None:
+        super().__init__(client_app, node_configs, run_config, run_id=RUN_ID)
+        self.canary_nodes = list(self.contexts)[first_canary:]  # node ids follow the node configs' order
+        self.sent: dict[int, list[_Sent]] = {node: [] for node in self.canary_nodes}
+        self.initial: list[np.ndarray] | None = None
+
+    def _call(self, msg: Message) -> Message:
+        reply = _over_the_wire(super()._call(_over_the_wire(msg)))
+        if msg.metadata.message_type != "train" or not msg.content.array_records:
+            return reply
+        model = msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+        config = msg.content.config_records.get(keys.CONFIG)
+        server_round = int(_number(config.get(keys.SERVER_ROUND) if config is not None else None, 0.0))
+        if self.initial is None and server_round == 1:
+            self.initial = [np.array(w) for w in model]
+        node = msg.metadata.dst_node_id
+        if node in self.sent and not reply.has_error() and keys.ARRAYS in reply.content.array_records:
+            metrics = reply.content.metric_records.get(keys.METRICS)
+            sigma = _number(metrics.get(keys.NOISE_MULTIPLIER) if metrics is not None else None, math.nan)
+            upload = reply.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+            self.sent[node].append(_Sent(server_round, model, upload, sigma))
+        return reply
+
+
+# --------------------------------------------------------------------------- the audit
+@dataclass(frozen=True)
+class _Plan:
+    run_config: dict[str, Any]
+    strategy: str
+    dp_mode: str
+    budget: float
+    delta: float
+    noise_source: str
+    clip: float
+    rounds: int
+    run_seed: int
+    noise_shares: int
+    mechanism: str
+    real_clients: int
+
+
+def _plan(run_config: dict[str, Any], client: int) -> _Plan:
+    """What the run will do, checked to be auditable here (CliError: one line naming what is not)."""
+    from client.profile import resolve_profile
+    from privet.run_config import CliError
+    from protocol.train_config import TrainConfig
+    from server.config import ConfigError, RunConfig
+    from server.registry import train_config
+    from strategies.catalogue import CATALOGUE
+
+    try:
+        cfg = RunConfig.from_flower(run_config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if not 0 <= client < cfg.num_clients:
+        raise CliError(f"--client must be in [0, {cfg.num_clients}) ('num-clients'); found {client}")
+    if CATALOGUE[cfg.strategy].task != keys.TASK_MODEL:
+        raise CliError(f"--runtime flower audits model-training strategies; '{cfg.strategy}' is not one (use the "
+                       "in-process games: privet audit without --runtime)")
+    if cfg.secure_aggregation != "none":
+        raise CliError(f"--runtime flower: 'secure-aggregation' = '{cfg.secure_aggregation}' is not audited in a "
+                       "real run yet (the server sees only sums); use the in-process games")
+    try:
+        profile = resolve_profile({keys.NODE_PARTITION_ID: client, keys.NODE_NUM_PARTITIONS: cfg.num_clients},
+                                  run_config)
+        train = TrainConfig.decode(train_config(cfg))
+        probe = train.mechanism(num_examples=1, delta=profile.delta)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if train.group_round or probe.kind != WholeUpdate.kind:
+        groups = ", GDPFed groups" if train.group_round else ""
+        raise CliError(f"--runtime flower audits client-level 'update' mode (each upload seen alone); this config "
+                       f"runs mechanism '{probe.kind}' (dp-mode '{train.dp_mode}'{groups}): use the in-process "
+                       "games (privet audit without --runtime)")
+    if not math.isfinite(profile.epsilon_budget):
+        raise CliError(f"client {client} has no finite budget ('budget-distribution'): nothing to audit")
+    return _Plan(run_config, cfg.strategy, train.dp_mode, profile.epsilon_budget, profile.delta,
+                 profile.noise_source, float(probe.clip), train.num_rounds, int(train.seed),
+                 int(getattr(probe, "noise_shares", 1)), probe.kind, cfg.num_clients)
+
+
+def _canary_configs(plan: _Plan, secrets: np.ndarray, seeds: np.ndarray, ledgers: Path) -> list[dict[str, Any]]:
+    """The canaries' node configs: the audited client's budget, δ and noise source, a durable ledger file
+    in ``ledgers`` each, and the canary keys.
+    """
+    n, k = plan.real_clients, len(secrets)
+    configs = []
+    for j in range(k):
+        nc: dict[str, Any] = {
+            keys.NODE_PARTITION_ID: n + j, keys.NODE_NUM_PARTITIONS: n + k, keys.NODE_CLIENT_ID: f"canary-{j}",
+            keys.NODE_EPSILON: float(plan.budget), keys.NODE_DELTA: float(plan.delta),
+            keys.NODE_NOISE_SOURCE: plan.noise_source, keys.NODE_LEDGER_PATH: str(ledgers / f"canary-{j}.json"),
+            keys.NODE_AUDIT_CANARY_SEED: int(seeds[j]), keys.NODE_AUDIT_CANARY_SIGN: int(secrets[j]),
+            keys.NODE_AUDIT_CANARY_NORM: CANARY_NORM * plan.clip}
+        if plan.noise_source == "seeded":
+            nc[keys.NODE_ALLOW_SEEDED_NOISE] = True  # the audited config's choice, which the audit exposes
+        configs.append(nc)
+    return configs
+
+
+def _flat(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+
+
+def _replayed(plan: _Plan, partition_id: int, sent: _Sent) -> np.ndarray:
+    """The canary's noise of one round as a server that knows the run seed regenerates it (σ is public)."""
+    from client.seeds import client_seed
+    from privacy.randomness import noise_source
+
+    replay = noise_source("seeded", client_seed(plan.run_seed, partition_id, sent.server_round))
+    std = sent.noise_multiplier * plan.clip / math.sqrt(plan.noise_shares)
+    return _flat(gaussian_noise_like([np.asarray(u) for u in sent.upload], std, replay))
+
+
+def _ledger(grid: InProcessGrid, node: int) -> PrivacyLedger:
+    """A canary's ledger after the run: its durable file (``ledger-path``), checked against its node state."""
+    from client.ledger_store import STATE_KEY
+
+    path = Path(str(grid.contexts[node].node_config[keys.NODE_LEDGER_PATH]))
+    state = grid.contexts[node].state
+    if not path.exists():  # never charged
+        if STATE_KEY in state:
+            raise RuntimeError(f"canary node {node} keeps a ledger in its state but none in {path}")
+        return PrivacyLedger(math.inf, 0.5)
+    ledger = PrivacyLedger.load(path)
+    if STATE_KEY not in state or PrivacyLedger.from_json(str(state[STATE_KEY]["json"])).history != ledger.history:
+        raise RuntimeError(f"canary node {node}: its ledger file {path} and its node state disagree")
+    return ledger
+
+
+def _final_model(results: Path, like: Sequence[np.ndarray]) -> list[np.ndarray]:
+    with np.load(results / "model.npz") as npz:
+        arrays = [np.asarray(npz[name]) for name in npz.files]
+    if [a.shape for a in arrays] != [np.shape(w) for w in like]:
+        raise RuntimeError(f"the released model's layers {[a.shape for a in arrays]} are not the model's "
+                           f"{[np.shape(w) for w in like]}")
+    return arrays
+
+
+def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: str | Path | None = None,
+                 client: int = 0, canaries: int = DEFAULT_CANARIES, confidence: float = DEFAULT_CONFIDENCE,
+                 seed: int | None = None) -> FlowerAuditReport:
+    """Run the configured strategy with canary clients and audit the canaries (module docstring).
+
+    Parameters
+    ----------
+    config, sets : str, sequence of str
+        As ``privet run``: an experiment TOML and ``key=value`` overrides.
+    out : path, optional
+        Where ``audit.json`` goes (created), and the run's results under ``run/``; without it the
+        results go to a temporary folder, removed at the end.
+    client : int
+        The audited client's partition id: every canary holds its budget and δ.
+    canaries : int
+        Canary clients started beside the config's ``num-clients``.
+    confidence : float
+        Of the lower bounds and the flag.
+    seed : int, optional
+        The auditor's own randomness (the canaries' coins and direction seeds); never the clients' noise.
+
+    Raises
+    ------
+    privet.run_config.CliError
+        For a bad or unsupported configuration or option (one line naming it), or a run that failed.
+    """
+    from client.app import app as client_app
+    from privet.run_config import CliError, check_out_dir, load_experiment, validate
+    from server.app import run_experiment
+
+    if canaries < 2:
+        raise CliError(f"--canaries must be an integer >= 2; found {canaries}")
+    if not 0.5 <= confidence < 1:
+        raise CliError(f"--confidence must be in [0.5, 1); found {confidence}")
+    run_config = load_experiment(config, list(sets), None)
+    validate(run_config)
+    if out is not None:
+        check_out_dir(Path(out))
+    plan = _plan(run_config, client)
+    rng = np.random.default_rng(seed)
+    secrets = rng.choice(np.array([-1, 1]), size=canaries)
+    seeds = rng.integers(0, 2**63 - 1, size=canaries, dtype=np.int64)
+    memory = Path("/dev/shm")  # the canaries' ledger files: fsync'ed on every charge, cheap in memory
+    with tempfile.TemporaryDirectory(prefix="privet-audit-flower-", dir=memory if memory.is_dir() else None) as scratch:
+        ledgers = Path(scratch) / "ledgers"
+        node_configs = [*simulation_node_configs(plan.real_clients), *_canary_configs(plan, secrets, seeds, ledgers)]
+        results = Path(out) / "run" if out is not None else Path(scratch) / "run"
+        run_config = {**run_config, "out-dir": str(results)}
+        grid = _AuditGrid(client_app, node_configs, run_config, first_canary=plan.real_clients)
+        started = time.perf_counter()
+        quiet = [logging.getLogger(name) for name in ("flwr", "privet")]  # a line per canary round is noise here
+        levels = [logger.level for logger in quiet]
+        for logger in quiet:
+            logger.setLevel(logging.WARNING)
+        try:
+            run_experiment(grid, run_config, run_id=RUN_ID)
+        except Exception as exc:  # noqa: BLE001 - a failed run is one line, its results say more
+            raise CliError(f"the audited run failed: {type(exc).__name__}: {exc} (results in {results})") from None
+        finally:
+            for logger, level in zip(quiet, levels, strict=True):
+                logger.setLevel(level)
+        run_seconds = time.perf_counter() - started
+        if grid.initial is None:
+            raise CliError("the audited run sent no round-1 model: nothing was observed")
+        final = _final_model(results, grid.initial)
+        report = _report(plan, grid, secrets, seeds, final, confidence=confidence, client=client,
+                         run_seconds=run_seconds, results=str(results) if out is not None else "(temporary)",
+                         settings={"canaries": canaries, "confidence": confidence, "seed": seed, "config": config,
+                                   "set": list(sets), "canary_norm": CANARY_NORM})
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "audit.json").write_text(json.dumps(report.to_dict(), indent=1))
+    return report
+
+
+def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarray,
+            final: list[np.ndarray], *, confidence: float, client: int, run_seconds: float, results: str,
+            settings: dict[str, Any]) -> FlowerAuditReport:
+    """Both views' observations, assessed against the canaries' ledgers."""
+    from client.work import canary_direction
+
+    assert grid.initial is not None
+    canary_nodes = grid.canary_nodes
+    shapes = [np.shape(w) for w in grid.initial]
+    directions = np.stack([_flat(canary_direction(int(s), shapes)) for s in seeds])
+    ledgers = [_ledger(grid, node) for node in canary_nodes]
+    charged = max({tuple(led.history): led for led in ledgers}.values(), key=lambda led: (led.spent(),
+                                                                                            len(led.history)))
+    observed = np.zeros_like(directions)
+    sigmas: list[float] = []
+    uploads = 0
+    for j, node in enumerate(canary_nodes):
+        for sent in grid.sent[node]:
+            seen = _flat(sent.upload) - _flat(sent.model)
+            if plan.noise_source == "seeded":  # the server regenerates the noise where it can
+                residual = seen - _replayed(plan, plan.real_clients + j, sent)
+                seen = residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+            observed[j] += seen
+            sigmas.append(sent.noise_multiplier)
+            uploads += 1
+    change = _flat(final) - _flat(grid.initial)
+    views = {"upload": (np.einsum("ij,ij->i", observed, directions) / plan.clip, canary_cosines(observed, directions),
+                        uploads),
+             "final-model": (directions @ change / plan.clip, canary_cosines(change, directions), plan.rounds)}
+    releases = max(led.releases_in_run(RUN_ID) for led in ledgers)
+    audits = []
+    for view, (scores, cosines, count) in views.items():
+        started = time.perf_counter()
+        obs = Observation(secrets, scores, cosines, tuple(charged.history), "replace-one", int(count))
+        result = assess(obs, f"{plan.mechanism} ({view})", delta=charged.delta, confidence=confidence,
+                        accountant=charged.conversion(), started=started)
+        audits.append(FlowerAudit(view, plan.mechanism, result, float(np.median(sigmas)) if sigmas else math.nan,
+                                  plan.clip, releases, plan.rounds, plan.noise_source))
+    return FlowerAuditReport(plan.strategy, plan.dp_mode, client, plan.budget, plan.real_clients, len(canary_nodes),
+                             tuple(audits), tuple(led.spent() for led in ledgers), run_seconds, results, settings)
+
+
+# --------------------------------------------------------------------------- the command
+def cmd_audit_flower(args: Any) -> int:
+    """``privet audit --runtime flower``: print the report; 1 with the flagged line(s) on stderr.
+
+    ``args`` carries ``privet audit``'s options (config, set, out, client, canaries, confidence, seed).
+    """
+    import sys
+
+    from privet.run_config import CliError
+
+    try:
+        report = audit_flower(args.config, args.set or [], out=args.out, client=args.client,
+                              canaries=args.canaries, confidence=args.confidence, seed=args.seed)
+    except CliError as exc:
+        print(f"privet: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(report.lines()), flush=True)
+    if args.out:
+        print(f"audit.json: {Path(args.out) / 'audit.json'}")
+    for flagged in report.flagged:
+        print(f"privet: audit: {flagged.line()}", file=sys.stderr)
+    return 1 if report.flagged else 0
