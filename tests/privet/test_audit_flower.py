@@ -85,6 +85,12 @@ def test_a_mechanism_not_audited_in_a_real_run_is_refused_in_one_line(sets, name
     assert "\n" not in str(err.value)
 
 
+def test_the_command_line_refuses_an_unsupported_mechanism_with_status_2(capsys):
+    rc = main(["audit", "--runtime", "flower", "--set", "dp-mode=dpsgd", "--canaries", "10"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("privet")]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("privet: error: --runtime flower") and "dpsgd" in err[0]
+
+
 # --------------------------------------------------------------------------- real runs (slow)
 @pytest.mark.slow
 def test_honest_update_mode_in_a_real_run_sees_its_canaries_and_is_not_flagged(tmp_path):
