@@ -70,7 +70,10 @@ def run(targets: list[float], mechanisms: list[str], defects: list[str], scale: 
 
 
 #: privet audit: canaries per game (DP-SGD: every record of the client's 6,000 is a canary).
-PRIVET_CANARIES = {"update": 2000, "secure-sum": 2000, "group-sum": 2000, "dpsgd": 6000}
+PRIVET_CANARIES = {"update": 2000, "secure-sum": 2000, "group-sum": 2000, "dpsgd": 6000, "centroids": 2000,
+                   "ddg-sum": 2000, "dpsgd-steps": 6000}
+#: Games run by their Game rather than selected by ``privet audit`` (the registry keeps one game per kind).
+BY_GAME = {"dpsgd-steps": "privet.audit_dpsgd_steps:DPSGD_STEPS"}
 #: Declared rounds T of the privet-audit configs (the server asks for 2T).
 PRIVET_ROUNDS = 2
 
@@ -84,10 +87,45 @@ def privet_sets(game: str, target: float) -> list[str]:
         sigma = noise_multiplier_for(target, 1e-5, 1.0, PRIVET_ROUNDS, accountant="prv")
         return [*common, f"epsilon={target * 1.001}", "strategy=fedavg", "dp-mode=update",
                 "secure-aggregation=secagg+", "noise-shares=4", f"noise-multiplier={sigma}"]
+    if game == "ddg-sum":  # σ whose RDP charge (σ_eq = σ at r_min = m = 4) over T rounds is the target
+        sigma = noise_multiplier_for(target, 1e-5, 1.0, PRIVET_ROUNDS, accountant="rdp")
+        return [*common, f"epsilon={target * 1.01}", "strategy=fedavg", "dp-mode=update", "accountant=rdp",
+                "secure-aggregation=secagg+ddg", "noise-shares=4", f"noise-multiplier={sigma}"]
     common.append(f"epsilon={target}")
+    if game == "centroids":  # DP-FedC, rigorous calibration of z to the budget over T rounds
+        return [*common, "strategy=dpfedc"]
     if game == "group-sum":  # one group, every member in every round (q = 1): the T cap is what binds
         return [*common, "strategy=gdpfed", "gdpfed.group-epsilons='0.5'", "gdpfed.q=1.0", "num-clients=4"]
-    return [*common, f"dp-mode={'dpsgd' if game == 'dpsgd' else 'update'}"]
+    return [*common, f"dp-mode={'dpsgd' if game in ('dpsgd', 'dpsgd-steps') else 'update'}"]
+
+
+def _by_game(game: str, sets: list[str], canaries: int, seed: int) -> Any:
+    """A game that ``privet audit`` does not select, run as it runs a selected one (its Game, then the statistics)."""
+    import importlib
+    import time
+
+    import numpy as np
+
+    from privacy.mechanism_audit import assess
+    from privet.audit_cmd import MechanismAudit
+    from privet.audit_setup import setup
+    from privet.run_config import load_experiment, validate
+
+    module, attribute = BY_GAME[game].split(":")
+    chosen = getattr(importlib.import_module(module), attribute)
+    run_config = load_experiment(None, sets, None)
+    validate(run_config)
+    s = setup(run_config, 0)
+    started = time.perf_counter()
+    played = chosen.run(s, canaries=canaries, extension=2, rng=np.random.default_rng(seed))
+    result = assess(played.observation, chosen.name, delta=s.profile.delta, accountant=played.accountant,
+                    started=started)
+    return MechanismAudit(
+        game=chosen.name, level=chosen.level, mechanism=played.mechanism, observes=chosen.observes, result=result,
+        noise_multiplier=float(played.noise_multiplier), sample_rate=float(played.sample_rate), clip=float(played.clip),
+        steps=int(played.steps), rounds_declared=s.train.num_rounds, rounds_requested=int(played.rounds_requested),
+        releases_per_canary=int(played.releases_per_canary), noise_source=s.profile.noise_source,
+        details=played.details)
 
 
 def run_privet(targets: list[float], games: list[str], scale: float, seed: int) -> list[dict[str, Any]]:
@@ -98,8 +136,11 @@ def run_privet(targets: list[float], games: list[str], scale: float, seed: int) 
     for game in games:
         for target in targets:
             sets = privet_sets(game, target)
-            report = privet_audit(None, sets, canaries=int(PRIVET_CANARIES[game] * scale), seed=seed)
-            (a,) = report.audits
+            canaries = int(PRIVET_CANARIES[game] * scale)
+            if game in BY_GAME:
+                a = _by_game(game, sets, canaries, seed)
+            else:
+                (a,) = privet_audit(None, sets, canaries=canaries, seed=seed).audits
             assert a.game == game, (a.game, game)
             record = {**a.to_dict(), "target_epsilon": target, "set": sets}
             print(json.dumps({k: record[k] for k in ("game", "target_epsilon", "lower_bound", "charged_epsilon",
@@ -164,14 +205,20 @@ def table(meta: dict[str, Any], records: list[dict[str, Any]], privet_records: l
     if privet_records:
         lines += [
             "",
-            f"## `privet audit`: each mechanism as a run config uses it ({meta.get('privet_when', '?')})",
+            f"## `privet audit`: each mechanism as a run config uses it (last rows run {meta.get('privet_when', '?')})",
             "",
             "Through privet's client mechanisms, the client's own calibration to a constant budget ε and its "
             f"ledger (`privet/audit_cmd.py`); T = {PRIVET_ROUNDS} declared, the server asks for 2T (the budget or "
             "GDPFed's T cap refuses the rest); the adversary sees what the threat model gives it: each upload "
             "(`update`), the sum of r_min = 4 shares (`secure-sum`), the group sum of r_m = 4 shares with q_m = 1, "
-            "only the sums that hold the canary (`group-sum`), each round's model of one client whose 6,000 records are all canaries (`dpsgd`, record "
-            "level: the steps inside a round are not seen, hence the wider gap). Noise `csprng`; 95 % together.",
+            "only the sums that hold the canary (`group-sum`), each round's model of one client whose 6,000 records "
+            "are all canaries (`dpsgd`, record level: the steps inside a round are not seen, hence the wider gap), "
+            "each DP-FedC upload (`centroids`, z calibrated to the budget), the decoded sum of r_min = m = 4 "
+            "discrete Gaussian shares (`ddg-sum`, `secagg+ddg`, σ sent such that its RDP charge over T is the "
+            "target; the charge converts through RDP), and, white-box beyond the threat model, every DP-SGD step's "
+            "noisy clipped gradient sum of the same client with Dirac gradient canaries in all 6,000 records "
+            "(`dpsgd-steps`, Nasr et al. 2023, through the client's own DP-SGD code; run by its Game, since "
+            "`privet audit` selects `dpsgd` for that mechanism). Noise `csprng`; 95 % together.",
             "",
             "| game | mechanism | target ε | charged ε | canaries | releases | one-run LB | threshold LB "
             "| LB / charged | one-shot ε | flagged | s |",
