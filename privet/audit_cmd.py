@@ -56,6 +56,7 @@ from privet.audit_setup import client_noise as _noise
 from privet.audit_setup import fresh_ledger as _ledger
 from privet.audit_setup import server_replay as _replay
 from privet.audit_setup import setup as audit_setup
+from server.results import AuditedMechanism, AuditSection, audit_merge_refusal, write_audit
 
 __all__ = ["AuditReport", "MechanismAudit", "audit", "add_parser", "client_release", "cmd_audit"]
 
@@ -179,6 +180,21 @@ class AuditReport:
                    "beyond 'this attack did not break it'.")
         return out
 
+    def summary_section(self) -> AuditSection:
+        """``summary.json``'s ``audit`` section (:class:`server.results.AuditSection`): per mechanism the game,
+        canaries, confidence, lower bound, one-shot estimate, charge and flag; ``audit.json`` has the rest.
+        """
+        mechanisms: list[AuditedMechanism] = [
+            {"game": a.game, "level": a.level, "mechanism": a.mechanism, "observes": a.observes,
+             "canaries": a.result.canaries, "confidence": a.result.confidence, "delta": a.result.delta,
+             "lower_bound": _finite(a.result.lower_bound), "one_shot_epsilon": _finite(a.result.one_shot_epsilon),
+             "charged_epsilon": a.result.charged_epsilon, "flagged": a.flagged, "line": a.line()}
+            for a in self.audits]
+        return {"client": self.client, "strategy": self.strategy, "dp_mode": self.dp_mode,
+                "epsilon_budget": _finite(self.epsilon_budget), "flagged": bool(self.flagged),
+                "mechanisms": mechanisms, "not_audited": list(self.not_audited),
+                "settings": json.loads(json.dumps(self.settings, default=_json_default)), "details": "audit.json"}
+
     def to_dict(self) -> dict[str, Any]:
         """``audit.json``."""
         return {"strategy": self.strategy, "dp_mode": self.dp_mode, "client": self.client,
@@ -192,14 +208,17 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
           client: int = 0, canaries: int = DEFAULT_CANARIES, confidence: float = DEFAULT_CONFIDENCE,
           extension: int = DEFAULT_EXTENSION, seed: int | None = None,
           mechanism_hook: MechanismHook | None = None) -> AuditReport:
-    """Audit the mechanisms of a run config (module docstring); writes ``audit.json`` into ``out`` if given.
+    """Audit the mechanisms of a run config (module docstring); writes its results into ``out`` if given.
 
     Parameters
     ----------
     config, sets : str, sequence of str
         As ``privet run``: an experiment TOML and ``key=value`` overrides.
     out : path, optional
-        Where ``audit.json`` goes (created).
+        A results folder (created): ``audit.json`` (every figure), and the audit's section in
+        ``summary.json``, ``privacy_report.md`` and ``report.html``
+        (:func:`server.results.write_audit`). A folder holding a ``privet run`` of the same config
+        keeps the run's content, the audit added; one of another config is refused before any work.
     client : int
         The audited client's partition id (its budget, its group).
     canaries : int
@@ -235,6 +254,9 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
         chosen, skipped = select(setup)
     except AuditConfigError as exc:
         raise CliError(str(exc)) from None
+    refusal = audit_merge_refusal(out, setup.cfg) if out is not None else None
+    if refusal:  # before any game runs
+        raise CliError(f"--out: {refusal}")
     rng = np.random.default_rng(seed)
     audits = []
     for game in chosen:
@@ -258,6 +280,7 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "audit.json").write_text(json.dumps(report.to_dict(), indent=1, default=_json_default))
+        write_audit(out, report.summary_section())
     return report
 
 
@@ -276,13 +299,17 @@ process, through privet's own client mechanisms, calibration and ledger; no Flow
 attack what the threat model's adversary sees, and print per mechanism the empirical eps
 (a lower bound at --confidence, and Andrew et al.'s one-shot estimate) beside the eps the
 ledger charged. Exit status 1, with one line naming the mechanism and both figures, when a
-lower bound exceeds the charge; 2 on a bad configuration. Writes audit.json into --out.
+lower bound exceeds the charge; 2 on a bad configuration. With --out DIR: DIR/audit.json
+(every figure), and an "Empirical privacy audit" section in DIR/summary.json ("audit"),
+DIR/privacy_report.md and DIR/report.html; a DIR that holds a privet run of the same config
+keeps the run's report, the audit added (one of another config is refused).
 
 Configuration: as privet run (defaults < CONFIG.toml < --set KEY=VALUE).
 
 examples:
   privet audit
   privet audit --set dp-mode=update --set num-server-rounds=2 --out results/audit
+  privet run my.toml --out results/r1 && privet audit my.toml --out results/r1   (the run's report + audit)
   privet audit experiments/baselines/udp-fedavg.toml --canaries 4000"""
 
 
@@ -292,7 +319,8 @@ def add_parser(sub: Any) -> None:
                             description=AUDIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", help="experiment TOML (keys of [tool.flwr.app.config])")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
-    parser.add_argument("--out", help="folder for audit.json")
+    parser.add_argument("--out", help="results folder: audit.json, and the audit's section in summary.json, "
+                                      "privacy_report.md and report.html (merged into a run's of the same config)")
     parser.add_argument("--client", type=int, default=0, help="partition id of the audited client (default 0)")
     parser.add_argument("--canaries", type=int, default=DEFAULT_CANARIES,
                         help=f"canary clients, or canary records at record level (default {DEFAULT_CANARIES})")
@@ -301,9 +329,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--extension", type=int, default=DEFAULT_EXTENSION,
                         help=f"the server asks for this many times the declared rounds (default {DEFAULT_EXTENSION})")
     parser.add_argument("--seed", type=int, help="the auditor's own randomness (never the clients' noise)")
-    parser.add_argument("--runtime", choices=("games", "flower"), default="games",
-                        help="games: each mechanism's canary game in this process (default); flower: canary clients "
-                             "inside a real run of the configured strategy (privet/audit_flower.py)")
     parser.set_defaults(func=cmd_audit)
 
 
@@ -315,10 +340,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """
     from privet.run_config import CliError
 
-    if getattr(args, "runtime", "games") == "flower":
-        from privet.audit_flower import cmd_audit_flower
-
-        return cmd_audit_flower(args)
     try:
         report = audit(args.config, args.set or [], out=args.out, client=args.client, canaries=args.canaries,
                        confidence=args.confidence, extension=args.extension, seed=args.seed)
@@ -327,7 +348,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return 2
     print("\n".join(report.lines()), flush=True)
     if args.out:
-        print(f"audit.json: {Path(args.out) / 'audit.json'}")
+        print(f"audit.json: {Path(args.out) / 'audit.json'}; report: {Path(args.out) / 'report.html'}")
     for flagged in report.flagged:
         print(f"privet: audit: {flagged.line()}", file=sys.stderr)
     return 1 if report.flagged else 0

@@ -8,7 +8,10 @@ draws, with inline SVG and no external file, script or font:
   and the page says so instead of drawing an empty plot);
 - per-client budget bars: spent and remaining of each finite budget;
 - the client table with each client's guarantee sentence and what its ε does not cover;
-- the run's configuration.
+- the run's configuration;
+- where ``privet audit --out`` added one, the empirical audit: per mechanism the game, the
+  canaries, the confidence, the lower bound on ε, the one-shot estimate, the ε charged and the
+  flag (:func:`audit_section`; a folder with an audit alone gets a page with that section only).
 
 A small inline script counts, once the page is laid out, the figures that have a
 non-empty drawing and the table rows, and writes the counts into ``<body data-...>``:
@@ -195,8 +198,53 @@ def _noise(summary: dict[str, Any]) -> str:
     return _e(nm) if isinstance(nm, str) else f"σ = {nm:g}"
 
 
+def audit_section(audit: dict[str, Any]) -> list[str]:
+    """The "Empirical privacy audit" section (``summary.json``'s ``audit``, :func:`server.results.write_audit`)."""
+    from server.results import AUDIT_STATEMENT, audit_figure
+
+    p = [f'<h2 id="audit">Empirical privacy audit (client {_e(audit["client"])})</h2>',
+         f'<p class="sub">{_e(audit["strategy"])}, dp-mode {_e(audit["dp_mode"])}, client {_e(audit["client"])} '
+         f"(budget ε = {_e(audit_figure(audit['epsilon_budget']))}): canaries through privet's own client "
+         f"mechanisms, calibration and ledger (<code>privet audit</code>); every figure in "
+         f"<code>{_e(audit['details'])}</code>.</p>"]
+    flagged = [m for m in audit["mechanisms"] if m["flagged"]]
+    p += [f'<div class="note no">{_e(m["line"])}</div>' for m in flagged]
+    if audit["mechanisms"]:
+        head = ["game", "level", "mechanism", "canaries", "confidence", "lower bound ε", "one-shot estimate ε",
+                "ε charged", "δ", "flagged", "observes"]
+        p.append('<table data-table="audit"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+                 + "</tr></thead><tbody>")
+        for m in audit["mechanisms"]:
+            cells = [_e(m["game"]), _e(m["level"]), _e(m["mechanism"]), _e(m["canaries"]), f"{m['confidence']:g}",
+                     _e(audit_figure(m["lower_bound"])), _e(audit_figure(m["one_shot_epsilon"])),
+                     _e(audit_figure(m["charged_epsilon"])), f"{m['delta']:g}",
+                     '<span class="no">FLAGGED</span>' if m["flagged"] else "no", _e(m["observes"])]
+            p.append("<tr>" + "".join(f'<td class="num">{x}</td>' if 3 <= i <= 8 else f"<td>{x}</td>"
+                                      for i, x in enumerate(cells)) + "</tr>")
+        p.append("</tbody></table>")
+    else:
+        p.append("<p>No mechanism was audited.</p>")
+    if audit["not_audited"]:
+        p.append("<ul>" + "".join(f"<li>not audited: {_e(w)}</li>" for w in audit["not_audited"]) + "</ul>")
+    p.append(f'<p class="muted">{_e(AUDIT_STATEMENT)}</p>')
+    return p
+
+
+def _audit_page(audit: dict[str, Any], title: str) -> str:
+    """A folder with an audit and no run: the audit section alone."""
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>privet audit: {_e(audit['strategy'])}{(' - ' + _e(title)) if title else ''}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>privet audit: {_e(audit['strategy'])} ({_e(audit['dp_mode'])})</h1>",
+        *audit_section(audit), f"<script>{CHECK_SCRIPT}</script></body></html>"])
+
+
 def render(summary: dict[str, Any], rounds: list[dict[str, Any]], config: dict[str, Any], title: str = "") -> str:
-    """The whole page as a string."""
+    """The whole page as a string (a run's, with its audit where it has one; or an audit's alone)."""
+    if "clients" not in summary:
+        return _audit_page(summary["audit"], title)
     private = is_private(summary)
     acc = [(r["round"], r["accuracy"]) for r in rounds if r.get("accuracy") is not None]
     figures = []
@@ -318,6 +366,9 @@ def render(summary: dict[str, Any], rounds: list[dict[str, Any]], config: dict[s
         p.append("<h3>Failed rounds (no new global model)</h3><ul>")
         p += [f"<li>round {_e(f.get('round'))}: {_e(f.get('reason'))}</li>" for f in summary["failed_rounds"]]
         p.append("</ul>")
+
+    if summary.get("audit"):
+        p += audit_section(summary["audit"])
 
     # -------------------------------------------------------------- config
     if config:

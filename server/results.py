@@ -9,6 +9,12 @@
     <out>/progress.png         accuracy and max/mean ε over rounds
     <out>/report.html          the same, self-contained, with budget bars and the config (server/report_html.py)
 
+``privet audit --out <out>`` adds its figures to the same files (:func:`write_audit`): an
+``audit`` section in ``summary.json`` (:class:`AuditSection`), an "Empirical privacy audit"
+section in ``privacy_report.md`` and report.html, beside its own ``audit.json``. Into a run's
+directory it merges (the run's content is kept); into an empty one it writes those files with
+the audit alone.
+
 ε values are JSON numbers; an unbounded ε (no DP) is written as ``null`` with the client's
 ``guarantee`` saying so.
 
@@ -66,6 +72,40 @@ class ClientSummary(TypedDict):
     not_covered: list[str]
 
 
+class AuditedMechanism(TypedDict):
+    """One audited mechanism in ``summary.json``'s ``audit`` section (``privet audit``'s figures).
+
+    ε figures are numbers, or the strings ``"inf"`` / ``"-inf"`` (as in ``audit.json``).
+    """
+
+    game: str
+    level: str
+    mechanism: str
+    observes: str
+    canaries: int
+    confidence: float
+    delta: float
+    lower_bound: float | str
+    one_shot_epsilon: float | str
+    charged_epsilon: float
+    flagged: bool
+    line: str
+
+
+class AuditSection(TypedDict):
+    """``summary.json``'s ``audit``: what ``privet audit`` measured for one client's mechanisms."""
+
+    client: int
+    strategy: str
+    dp_mode: str
+    epsilon_budget: float | str
+    flagged: bool
+    mechanisms: list[AuditedMechanism]
+    not_audited: list[str]
+    settings: dict[str, Any]
+    details: str
+
+
 class RunSummary(TypedDict):
     """``summary.json``: what a run achieved and every client's position; experiment drivers read it
     with these keys (``None`` where a figure does not exist, e.g. accuracy before any round).
@@ -97,6 +137,7 @@ class RunSummary(TypedDict):
     group_dp: NotRequired[dict[str, Any]]  # GDPFed family: the group plan, the aggregation
     dpfedc: NotRequired[dict[str, Any]]  # DP-FedC: what its ε means under its calibration
     status: NotRequired[str]
+    audit: NotRequired[AuditSection]  # privet audit --out: the empirical ε beside the charge (write_audit)
 
 
 def _finite(x: float) -> float | None:
@@ -433,7 +474,18 @@ def build_summary(
 
 
 def format_privacy_report(summary: RunSummary) -> str:
-    """The human-readable privacy report of a run (markdown)."""
+    """The human-readable privacy report of a run (markdown), with ``privet audit``'s section where it has one.
+
+    A folder that holds only an audit (``privet audit --out`` without a run) gets that section alone.
+    """
+    if "clients" not in summary:
+        return "\n".join(["# Privacy report: an empirical audit (no run in this folder)", "",
+                          *audit_lines(summary["audit"])]) + "\n"
+    return _format_run_report(summary) + ("\n" + "\n".join(audit_lines(summary["audit"])) + "\n"
+                                          if "audit" in summary else "")
+
+
+def _format_run_report(summary: RunSummary) -> str:
     def eps(x: float | None) -> str:
         return "inf" if x is None else f"{x:.4f}"
 
@@ -506,6 +558,93 @@ def format_privacy_report(summary: RunSummary) -> str:
         "below that recomputation is rejected. The server cannot see the noise a client actually added.",
     ]
     return "\n".join(lines) + "\n"
+
+
+#: What an audit's result proves, said with every audit section.
+AUDIT_STATEMENT = ("A lower bound at the stated confidence: above the charge refutes it; below it proves nothing "
+                   "beyond 'this attack did not break it'. The one-shot figure is an estimate, never a bound.")
+
+
+def audit_figure(x: float | str | None) -> str:
+    """An audit's ε figure for a report: three decimals, or ``inf`` / ``-inf`` as ``audit.json`` writes them."""
+    return str(x) if isinstance(x, str) else "n/a" if x is None else f"{x:.3f}"
+
+
+def audit_lines(audit: AuditSection) -> list[str]:
+    """``privacy_report.md``'s section for ``privet audit``'s figures (markdown), from ``summary.json``'s ``audit``."""
+    lines = [f"## Empirical privacy audit (privet audit, client {audit['client']})", "",
+             f"{audit['strategy']}, dp-mode {audit['dp_mode']}, client {audit['client']} (budget "
+             f"eps={audit_figure(audit['epsilon_budget'])}): canaries through privet's own client mechanisms, "
+             f"calibration and ledger; every figure in {audit['details']}.", ""]
+    if audit["mechanisms"]:
+        lines += ["| game | level | mechanism | canaries | confidence | lower bound eps | one-shot estimate eps "
+                  "| charged eps | delta | flagged |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {m['game']} | {m['level']} | {m['mechanism']} | {m['canaries']} | {m['confidence']:g} | "
+                  f"{audit_figure(m['lower_bound'])} | {audit_figure(m['one_shot_epsilon'])} | "
+                  f"{audit_figure(m['charged_epsilon'])} | {m['delta']:g} | {'FLAGGED' if m['flagged'] else 'no'} |"
+                  for m in audit["mechanisms"]]
+        lines += [""] + [f"- {m['game']} observes {m['observes']}." for m in audit["mechanisms"]]
+        lines += [f"- {m['line']}" for m in audit["mechanisms"] if m["flagged"]]
+    else:
+        lines.append("No mechanism was audited.")
+    lines += [f"- not audited: {why}" for why in audit["not_audited"]]
+    return [*lines, "", AUDIT_STATEMENT]
+
+
+#: Run-config keys that do not change a client's mechanism: an audit of a config that differs from a
+#: run's only in them is an audit of that run's mechanisms.
+AUDIT_IGNORED_KEYS = ("out-dir", "data-dir", "checkpoint-rounds", "round-timeout", "ledger-dir")
+
+
+def audit_merge_refusal(out: str | os.PathLike[str], cfg: RunConfig) -> str | None:
+    """Why ``privet audit`` of ``cfg`` must not write its section into ``out`` (None: it may).
+
+    It may where ``out`` holds no ``summary.json``, one of an earlier audit alone, or a run of the
+    same configuration (``config.json`` equal but for :data:`AUDIT_IGNORED_KEYS`).
+    """
+    out = Path(out)
+    path = out / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path} is not a privet summary ({exc}); use another --out"
+    if not isinstance(summary, dict) or ("clients" not in summary and "audit" not in summary):
+        return f"{path} is not a privet summary; use another --out"
+    if "clients" not in summary:
+        return None  # an earlier audit alone: replaced
+    config_path = out / "config.json"
+    if not config_path.exists():
+        return f"{out} holds a run without its config.json, so the audit cannot tell it audits the same config"
+    run = json.loads(config_path.read_text())
+    mine = json.loads(json.dumps(cfg.model_dump(by_alias=True)))
+    differ = sorted(k for k in set(run) | set(mine) if k not in AUDIT_IGNORED_KEYS and run.get(k) != mine.get(k))
+    if differ:
+        return (f"{out} holds a run of another configuration (differs in {', '.join(differ)}); audit that "
+                "run's config, or use another --out")
+    return None
+
+
+def write_audit(out: str | os.PathLike[str], audit: AuditSection) -> dict[str, Any]:
+    """Add ``privet audit``'s section to ``out``'s ``summary.json``, ``privacy_report.md`` and ``report.html``.
+
+    A run's ``summary.json`` keeps every key (its ``audit`` is replaced); the report and the page
+    are rewritten from it (:func:`format_privacy_report`, :func:`server.report_html.write_report`),
+    so they show the run as before plus the audit. Check :func:`audit_merge_refusal` first.
+    Returns the summary as written.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "summary.json"
+    summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    summary["audit"] = audit
+    _atomic_write(path, json.dumps(summary, indent=2))
+    _atomic_write(out / "privacy_report.md", format_privacy_report(summary))  # type: ignore[arg-type]
+    from server.report_html import write_report
+
+    write_report(out)
+    return summary
 
 
 def _secure_lines(secure: Any) -> list[str]:
