@@ -49,23 +49,14 @@ from client.release import client_release
 from privacy.auditing import DEFAULT_CONFIDENCE
 from privacy.mechanism_audit import AuditResult, assess
 from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
-from privet.audit_games import most_charged as _charged
-from privet.audit_games import unit_rows as _unit_rows
-from privet.audit_setup import RUN_ID, AuditConfigError, AuditSetup, MechanismHook
-from privet.audit_setup import client_noise as _noise
-from privet.audit_setup import fresh_ledger as _ledger
-from privet.audit_setup import server_replay as _replay
+from privet.audit_setup import RUN_ID, AuditConfigError, MechanismHook
 from privet.audit_setup import setup as audit_setup
 from server.results import AuditedMechanism, AuditSection, audit_merge_refusal, write_audit
 
 __all__ = ["AuditReport", "MechanismAudit", "audit", "add_parser", "client_release", "cmd_audit"]
 
-#: Importable here as before the split: the games' constants and helpers now live in
-#: :mod:`privet.audit_games` and :mod:`privet.audit_setup` (import them from there); the private
-#: aliases serve game modules written against the old names until they move.
-_REEXPORTED = (CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, RUN_ID, AuditConfigError, CanaryWork, _charged,
-               _unit_rows, _noise, _ledger, _replay)
-_Setup = AuditSetup
+#: Importable here as before the split; they live in :mod:`privet.audit_games` and :mod:`privet.audit_setup`.
+_REEXPORTED = (CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, RUN_ID, AuditConfigError, CanaryWork)
 
 #: Default canaries (client-level: canary clients; record-level: canary records in one shard).
 DEFAULT_CANARIES: Final = 1000
