@@ -104,7 +104,7 @@ def half_sigma_ddg(mechanism: Mechanism) -> Mechanism:
 
 def test_secagg_ddg_honest_is_not_flagged_and_half_sigma_is():
     """Sums of r_min canary clients through rotation, rounding, discrete Gaussian shares and mod 2^b, decoded."""
-    honest = audit(None, DDG, canaries=1200, extension=1, seed=7).audits[0]
+    honest = audit(None, DDG, canaries=600, extension=1, seed=7).audits[0]
     assert (honest.game, honest.mechanism, honest.level) == ("ddg-sum", "secure-ddg", "client")
     assert not honest.flagged, honest.line()
     assert 0.5 < honest.result.lower_bound <= honest.result.charged_epsilon
@@ -117,6 +117,7 @@ def test_secagg_ddg_honest_is_not_flagged_and_half_sigma_is():
                       padded_dim=params.padded_dim, min_shares=s.secure_floor, max_shares=params.max_members,
                       rounds=1, delta=honest.result.delta)
     assert kls <= honest.result.charged_epsilon <= 1.01 * kls
+    # the charge converts through RDP, looser than the privacy profile: the broken sum needs more canaries
     broken = audit(None, DDG, canaries=1200, extension=1, seed=7, mechanism_hook=half_sigma_ddg).audits[0]
     assert broken.flagged, broken.line()
     assert broken.mechanism == "secure-ddg"
