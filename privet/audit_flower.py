@@ -47,7 +47,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from flwr.app import Message
@@ -61,6 +61,9 @@ from privacy.mechanism_audit import AuditResult, Observation, assess
 from privacy.mechanisms import WholeUpdate, gaussian_noise_like
 from privet.inprocess import InProcessGrid, simulation_node_configs
 from protocol import keys
+
+if TYPE_CHECKING:
+    from server.results import AuditedMechanism, AuditSection
 
 __all__ = ["DEFAULT_CANARIES", "FlowerAudit", "FlowerAuditReport", "audit_flower", "cmd_audit_flower"]
 
@@ -162,7 +165,8 @@ class FlowerAuditReport:
     run_seconds : float
         Wall time of the run.
     results : str
-        The run's results folder (summary.json, privacy_report.md, model.npz).
+        The run's results folder (summary.json with the audit's section, privacy_report.md, report.html,
+        model.npz), or ``(temporary)``.
     """
 
     strategy: str
@@ -198,6 +202,25 @@ class FlowerAuditReport:
         out.append("A lower bound at the stated confidence: above the charge refutes it; below it proves nothing "
                    "beyond 'this attack did not break it'.")
         return out
+
+    def summary_section(self) -> AuditSection:
+        """The run's ``summary.json`` ``audit`` section (:class:`server.results.AuditSection`; shown in
+        ``privacy_report.md`` and ``report.html``): one entry per view; ``audit.json`` has the rest.
+        """
+        mechanisms: list[AuditedMechanism] = [
+            {"game": f"real run, {a.view} view", "level": "client", "mechanism": a.mechanism,
+             "observes": VIEW_OBSERVES[a.view], "canaries": a.result.canaries, "confidence": a.result.confidence,
+             "delta": a.result.delta, "lower_bound": _finite(a.result.lower_bound),
+             "one_shot_epsilon": _finite(a.result.one_shot_epsilon), "charged_epsilon": a.result.charged_epsilon,
+             "flagged": a.flagged, "line": a.line()}
+            for a in self.audits]
+        return {"client": self.client, "strategy": self.strategy, "dp_mode": self.dp_mode,
+                "epsilon_budget": _finite(self.epsilon_budget), "flagged": bool(self.flagged),
+                "mechanisms": mechanisms,
+                "not_audited": ["the server's deviations (a run extended beyond its declared rounds): the real run's "
+                                "server is the configured strategy; the in-process games play them"],
+                "settings": {**self.settings, "runtime": "flower", "real_clients": self.real_clients},
+                "details": "audit.json"}
 
     def to_dict(self) -> dict[str, Any]:
         """``audit.json``."""
@@ -386,8 +409,10 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     config, sets : str, sequence of str
         As ``privet run``: an experiment TOML and ``key=value`` overrides.
     out : path, optional
-        Where ``audit.json`` goes (created), and the run's results under ``run/``; without it the
-        results go to a temporary folder, removed at the end.
+        The audited run's results folder (created; refused if it holds a run already): the run's own
+        results, ``audit.json``, and the audit's section in its ``summary.json``, ``privacy_report.md``
+        and ``report.html`` (:func:`server.results.write_audit`). Without it the run writes to a
+        temporary folder, removed at the end.
     client : int
         The audited client's partition id: every canary holds its budget and δ.
     canaries : int
@@ -405,6 +430,7 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     from client.app import app as client_app
     from privet.run_config import CliError, check_out_dir, load_experiment, validate
     from server.app import run_experiment
+    from server.results import write_audit
 
     if canaries < 2:
         raise CliError(f"--canaries must be an integer >= 2; found {canaries}")
@@ -414,6 +440,9 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     validate(run_config)
     if out is not None:
         check_out_dir(Path(out))
+        if (Path(out) / "summary.json").exists():
+            raise CliError(f"--out {out} already holds a run's results (summary.json); the audited run writes its "
+                           "own: use another --out")
     plan = _plan(run_config, client)
     rng = np.random.default_rng(seed)
     secrets = rng.choice(np.array([-1, 1]), size=canaries)
@@ -422,7 +451,7 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     with tempfile.TemporaryDirectory(prefix="privet-audit-flower-", dir=memory if memory.is_dir() else None) as scratch:
         ledgers = Path(scratch) / "ledgers"
         node_configs = [*simulation_node_configs(plan.real_clients), *_canary_configs(plan, secrets, seeds, ledgers)]
-        results = Path(out) / "run" if out is not None else Path(scratch) / "run"
+        results = Path(out) if out is not None else Path(scratch) / "run"
         run_config = {**run_config, "out-dir": str(results)}
         grid = _AuditGrid(client_app, node_configs, run_config, first_canary=plan.real_clients)
         started = time.perf_counter()
@@ -448,6 +477,7 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "audit.json").write_text(json.dumps(report.to_dict(), indent=1))
+        write_audit(out, report.summary_section())
     return report
 
 
@@ -469,6 +499,12 @@ def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarra
     uploads = 0
     for j, node in enumerate(canary_nodes):
         for sent in grid.sent[node]:
+            if [np.shape(u) for u in sent.upload] != [np.shape(w) for w in sent.model]:
+                from privet.run_config import CliError
+
+                raise CliError(f"--runtime flower scores uploads of the whole model; canary {j}'s round "
+                               f"{sent.server_round} upload has layers {[np.shape(u) for u in sent.upload]} "
+                               "(another upload format): use the in-process games")
             seen = _flat(sent.upload) - _flat(sent.model)
             if plan.noise_source == "seeded":  # the server regenerates the noise where it can
                 residual = seen - _replayed(plan, plan.real_clients + j, sent)

@@ -109,13 +109,19 @@ def test_honest_update_mode_in_a_real_run_sees_its_canaries_and_is_not_flagged(t
     assert upload.charged_epsilon == pytest.approx(6.0, rel=1e-3) and upload.charged_epsilon <= 6.0 * (1 + 1e-9)
     assert upload.charged_epsilon == pytest.approx(_dp_accounting_epsilon(upload.history, upload.delta), rel=1e-5)
     # what the server recorded of each canary (its replies) agrees with the canaries' ledgers
-    summary = json.loads((out / "run" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     canaries = [c for c in summary["clients"] if str(c["client_id"]).startswith("canary-")]
     assert len(canaries) == 400
     assert all(c["epsilon_spent"] == pytest.approx(upload.charged_epsilon, rel=1e-9) for c in canaries)
     record = json.loads((out / "audit.json").read_text())
     assert record["runtime"] == "flower" and not record["flagged"]
     assert [a["view"] for a in record["audits"]] == ["upload", "final-model"]
+    # the run's own summary, report and page carry the audit's figures
+    section = summary["audit"]
+    assert not section["flagged"] and section["settings"]["runtime"] == "flower"
+    assert [m["line"] for m in section["mechanisms"]] == [a["line"] for a in record["audits"]]
+    assert "Empirical privacy audit" in (out / "privacy_report.md").read_text()
+    assert "Empirical privacy audit" in (out / "report.html").read_text()
 
 
 class HalfSigma(WholeUpdate):
