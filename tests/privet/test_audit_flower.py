@@ -85,6 +85,45 @@ def test_a_mechanism_not_audited_in_a_real_run_is_refused_in_one_line(sets, name
     assert "\n" not in str(err.value)
 
 
+def test_only_the_node_config_makes_a_client_a_canary(run_config_factory):
+    """The threat model: the server may deviate, so canary keys it sends in the train config change nothing;
+    the same keys in the node's own config make the round's work the canary update S·B·u."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from client.model_task import ModelTask, load_local_data
+    from client.profile import resolve_profile
+    from client.work import CanaryWork, ModelWork
+    from protocol.run_settings import RunSettings
+    from server.config import RunConfig
+    from server.registry import train_config
+    from tasks.models import build_model, get_weights
+
+    cfg = run_config_factory(dp_mode="update")
+    canary = {keys.NODE_AUDIT_CANARY_SEED: 5, keys.NODE_AUDIT_CANARY_SIGN: 1, keys.NODE_AUDIT_CANARY_NORM: 2.0}
+    node = {keys.NODE_PARTITION_ID: 0, keys.NODE_NUM_PARTITIONS: 3}
+    profile = resolve_profile(node, cfg)
+    data, classes = load_local_data(profile, RunSettings.of(cfg))
+    weights = get_weights(build_model("logreg", input_shape=tuple(data.x.shape[1:]), num_classes=classes))
+    record = train_config(RunConfig.from_flower(cfg))
+    record[keys.SERVER_ROUND] = 1
+    sent = ConfigRecord({**record, **canary})  # a server that tries to make this client a canary
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+    msg = Message(RecordDict({keys.ARRAYS: ArrayRecord(weights), keys.CONFIG: sent}), dst_node_id=1,
+                  message_type="train")
+    train = TrainConfig.decode(sent)
+
+    def work(node_config):
+        context = Context(run_id=1, node_id=1, node_config=node_config, state=RecordDict(), run_config=cfg)
+        return ModelTask(msg, context, resolve_profile(node_config, cfg), train).work(seed=1)
+
+    assert isinstance(work(node), ModelWork)
+    own = work({**node, **canary})
+    assert isinstance(own, CanaryWork)
+    u = np.concatenate([d.ravel() for d in canary_direction(5, [w.shape for w in weights])])
+    np.testing.assert_allclose(np.concatenate([x.ravel() for x in own.update]), 2.0 * u, rtol=1e-6, atol=1e-9)
+
+
 def test_the_command_line_refuses_an_unsupported_mechanism_with_status_2(capsys):
     rc = main(["audit", "--runtime", "flower", "--set", "dp-mode=dpsgd", "--canaries", "10"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("privet")]
