@@ -320,6 +320,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--extension", type=int, default=DEFAULT_EXTENSION,
                         help=f"the server asks for this many times the declared rounds (default {DEFAULT_EXTENSION})")
     parser.add_argument("--seed", type=int, help="the auditor's own randomness (never the clients' noise)")
+    parser.add_argument("--runtime", choices=("games", "flower"), default="games",
+                        help="games: each mechanism's canary game in this process (default); flower: canary clients "
+                             "inside a real run of the configured strategy (privet/audit_flower.py)")
     parser.set_defaults(func=cmd_audit)
 
 
@@ -331,6 +334,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """
     from privet.run_config import CliError
 
+    if getattr(args, "runtime", "games") == "flower":
+        from privet.audit_flower import cmd_audit_flower
+
+        return cmd_audit_flower(args)
     try:
         report = audit(args.config, args.set or [], out=args.out, client=args.client, canaries=args.canaries,
                        confidence=args.confidence, extension=args.extension, seed=args.seed)
