@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,24 @@ def _outcomes(backend, n: int) -> list[str]:  # noqa: ANN001
     return got
 
 
+def _kill(actor) -> None:  # noqa: ANN001
+    """``ray.kill`` the actor and wait until Ray reports it dead (the kill is asynchronous: under load a
+    message sent right after it could still be served by the actor)."""
+    import ray
+
+    ray.kill(actor)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            continue
+        time.sleep(0.2)
+    raise AssertionError("an actor killed 120 s ago still answers")
+
+
 @pytest.mark.slow
 def test_a_dead_actor_leaves_privets_pool_and_stays_in_flowers(monkeypatch):
     import ray
@@ -69,7 +88,7 @@ def test_a_dead_actor_leaves_privets_pool_and_stays_in_flowers(monkeypatch):
         flower = RayBackend(config)
         flower.build(_load_echo)
         assert flower.num_workers == 2 and _outcomes(flower, 2) == ["ok", "ok"]
-        ray.kill(flower.pool.pool[-1])  # the actor the next message gets
+        _kill(flower.pool.pool[-1])  # the actor the next message gets
         flower_after = _outcomes(flower, 6)
         for actor in flower.pool.pool:
             ray.kill(actor)
@@ -77,10 +96,10 @@ def test_a_dead_actor_leaves_privets_pool_and_stays_in_flowers(monkeypatch):
         privet = backend_class()(config)  # Ray is up: joins it, as Flower's backend does
         privet.build(_load_echo)
         assert privet.num_workers == 2 and _outcomes(privet, 2) == ["ok", "ok"]
-        ray.kill(privet.pool.pool[-1])
+        _kill(privet.pool.pool[-1])
         privet_after = _outcomes(privet, 6)
         actors_left = privet.pool.num_actors
-        ray.kill(privet.pool.pool[-1])  # the last one
+        _kill(privet.pool.pool[-1])  # the last one
         privet_none_left = _outcomes(privet, 3)
     finally:
         ray.shutdown()
