@@ -35,6 +35,12 @@ Accountants:
   RDP bound (two valid upper bounds).
 
 Both report an *upper bound* on the true ε; neither is an estimate.
+
+**Steps that carry an RDP curve** (:class:`CurveStep`): a mechanism that is not a Gaussian, charged by
+its own Rényi-DP curve per release (:mod:`privacy.poisson_rdp`: the distributed discrete Gaussian,
+Poisson-subsampled). A history holding one is composed in RDP at the curve's integer orders and
+converted like ``"rdp"`` above, whatever accountant was asked for: its (ε, δ) profile is not known,
+only its RDP bound. Replace-one only.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from types import ModuleType
@@ -62,14 +69,18 @@ __all__ = [
     "RELATIONS",
     "REPLACE_ONE",
     "BUDGET_RTOL",
+    "Charge",
+    "CurveStep",
     "OPACUS_ALPHAS",
     "PRV_EPS_ERROR",
     "PRV_MAX_EPSILON",
     "RDP_ORDERS",
     "Step",
     "canonical_history",
+    "curve_orders",
     "epsilon_of",
     "exceeds_budget",
+    "merge_curve",
     "merge_step",
 ]
 
@@ -93,6 +104,40 @@ PLD_DISCRETIZATION = 1e-3
 
 #: One history entry: ``(noise_multiplier, sample_rate, num_steps)``, as in Opacus.
 Step = tuple[float, float, int]
+
+
+class CurveStep(ABC):
+    """A history entry charged by its own Rényi-DP curve: ``count`` releases of one mechanism (module docstring).
+
+    Implementations are frozen (hashable) dataclasses in :mod:`privacy.poisson_rdp`.
+    """
+
+    count: int
+
+    @property
+    @abstractmethod
+    def key(self) -> tuple[Any, ...]:
+        """The mechanism without its count: entries with equal keys merge."""
+
+    @abstractmethod
+    def with_count(self, count: int) -> CurveStep:
+        """The same mechanism released ``count`` times."""
+
+    @abstractmethod
+    def rdp(self, orders: tuple[int, ...]) -> np.ndarray:
+        """Replace-one RDP of one release at each of ``orders``."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for messages."""
+
+
+#: One history entry of either kind.
+Charge = Step | CurveStep
 
 #: Opacus' ``RDPAccountant.DEFAULT_ALPHAS`` (1.1 … 10.9, then 12 … 63).
 OPACUS_ALPHAS: tuple[float, ...] = tuple(
@@ -154,7 +199,7 @@ def _opacus_accountants() -> ModuleType:
     return accountants
 
 
-def canonical_history(history: Iterable[Sequence[Any]]) -> tuple[Step, ...]:
+def canonical_history(history: Iterable[Sequence[Any] | CurveStep]) -> tuple[Charge, ...]:
     """Validate a history and bring it to a canonical, shortest form.
 
     Entries that cost nothing (q = 0 or n = 0) are dropped, and all entries with the same
@@ -168,12 +213,18 @@ def canonical_history(history: Iterable[Sequence[Any]]) -> tuple[Step, ...]:
         If an entry is not a ``(σ >= 0, q in [0, 1], n >= 0 integer)`` triple.
     """
     merged: dict[tuple[float, float], int] = {}
+    curves: dict[tuple[Any, ...], CurveStep] = {}
     for i, raw in enumerate(history):
+        if isinstance(raw, CurveStep):
+            if raw.count:
+                old = curves.get(raw.key)
+                curves[raw.key] = raw if old is None else raw.with_count(old.count + raw.count)
+            continue
         sigma, rate, count = check_step(raw, name=f"history[{i}]")
         if rate == 0.0 or count == 0:
             continue
         merged[(sigma, rate)] = merged.get((sigma, rate), 0) + count
-    return tuple((sigma, rate, count) for (sigma, rate), count in merged.items())
+    return tuple((sigma, rate, count) for (sigma, rate), count in merged.items()) + tuple(curves.values())
 
 
 def merge_step(history: list[Step], step: Step) -> None:
@@ -188,6 +239,14 @@ def merge_step(history: list[Step], step: Step) -> None:
         history.append(step)
 
 
+def merge_curve(curves: list[CurveStep], step: CurveStep) -> None:
+    """:func:`merge_step` for steps that carry their RDP curve: equal keys merge, counts add."""
+    if curves and curves[-1].key == step.key:
+        curves[-1] = step.with_count(curves[-1].count + step.count)
+    else:
+        curves.append(step)
+
+
 def exceeds_budget(epsilon: float, budget: float) -> bool:
     """Whether ``epsilon`` is over ``budget`` by more than the relative slack ``BUDGET_RTOL``.
 
@@ -197,7 +256,7 @@ def exceeds_budget(epsilon: float, budget: float) -> bool:
 
 
 def epsilon_of(
-    history: Sequence[Step], delta: float, accountant: str = "rdp", relation: str = REPLACE_ONE
+    history: Sequence[Charge], delta: float, accountant: str = "rdp", relation: str = REPLACE_ONE
 ) -> float:
     """Cumulative ε of a composed history of (sub)sampled Gaussian mechanisms.
 
@@ -244,21 +303,65 @@ def epsilon_of(
     return epsilon_of_valid(canonical_history(history), delta, accountant, relation)
 
 
-def epsilon_of_valid(steps: Sequence[Step], delta: float, accountant: str, relation: str = REPLACE_ONE) -> float:
+def epsilon_of_valid(steps: Sequence[Charge], delta: float, accountant: str, relation: str = REPLACE_ONE) -> float:
     """:func:`epsilon_of` on arguments validated at the edge (a ledger's history, a calibration's prior).
 
     Validation happens once, where a value enters (the ledger's constructor and ``record``, the
     public functions here); the inner loops (a calibration's bisection, a ledger's checks) call this.
+    A history holding a :class:`CurveStep` is composed and converted through RDP at the integer orders
+    (module docstring).
     """
     merged: dict[tuple[float, float], int] = {}
-    for sigma, rate, count in steps:
+    curves: dict[tuple[Any, ...], CurveStep] = {}
+    for step in steps:
+        if isinstance(step, CurveStep):
+            if step.count:
+                old = curves.get(step.key)
+                curves[step.key] = step if old is None else step.with_count(old.count + step.count)
+            continue
+        sigma, rate, count = step
         if rate != 0.0 and count != 0:
             merged[(sigma, rate)] = merged.get((sigma, rate), 0) + count
-    if not merged:
+    if not merged and not curves:
         return 0.0
     if any(sigma == 0.0 for sigma, _ in merged):
         return math.inf
-    return _epsilon_cached(tuple((s, q, n) for (s, q), n in merged.items()), delta, accountant, relation)
+    gaussian = tuple((s, q, n) for (s, q), n in merged.items())
+    if curves:
+        if relation != REPLACE_ONE:
+            raise ValueError("steps that carry an RDP curve are accounted under replace-one only")
+        return _curve_epsilon(gaussian, tuple(curves.values()), delta)
+    return _epsilon_cached(gaussian, delta, accountant, relation)
+
+
+def curve_orders() -> tuple[int, ...]:
+    """The integer orders 2-256 a history holding a :class:`CurveStep` converts at (``poisson_rdp.CURVE_ORDERS``)."""
+    return tuple(int(a) for a in RDP_ORDERS if float(a).is_integer() and 2 <= a <= 256)
+
+
+@lru_cache(maxsize=1024)
+def _curve_epsilon(gaussian: tuple[Step, ...], curves: tuple[CurveStep, ...], delta: float) -> float:
+    """RDP composition at :func:`curve_orders` of Gaussian steps (replace-one) and curve steps, then conversion.
+
+    The conversion is Opacus' (Balle et al. 2020, Thm. 21), the one :func:`_rdp_epsilon` uses.
+    """
+    analysis = _opacus_accountants().analysis.rdp
+    orders = curve_orders()
+    as_float = tuple(float(a) for a in orders)
+    rdp = np.zeros(len(orders))
+    for sigma, rate, count in gaussian:
+        rdp = rdp + np.asarray(_replace_one_rdp_curve(sigma, rate, as_float)) * count
+    for step in curves:
+        rdp = rdp + np.asarray(step.rdp(orders), dtype=np.float64) * step.count
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eps, _ = analysis.get_privacy_spent(orders=list(as_float), rdp=rdp, delta=delta)
+    for w in caught:
+        log.debug("RDP accountant: %s", w.message)
+    eps = float(eps)
+    if math.isnan(eps):
+        return math.inf
+    return max(0.0, eps)
 
 
 @lru_cache(maxsize=4096)

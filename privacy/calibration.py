@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Step, epsilon_of, epsilon_of_valid
+from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Charge, CurveStep, epsilon_of, epsilon_of_valid
 from privacy.checks import (
     check_choice,
     check_delta,
@@ -48,7 +48,7 @@ def noise_multiplier_for(
     steps: int,
     *,
     accountant: str = "rdp",
-    prior_history: Sequence[Step] = (),
+    prior_history: Sequence[Charge] = (),
     tolerance: float | None = None,
     relation: str = REPLACE_ONE,
 ) -> float:
@@ -116,13 +116,14 @@ def noise_multiplier_for(
     tolerance = check_positive_finite(
         "tolerance", CALIBRATION_RTOL * target if tolerance is None else tolerance
     )
-    prior = tuple(check_step(s, name=f"prior_history[{i}]") for i, s in enumerate(prior_history))
+    prior = tuple(s if isinstance(s, CurveStep) else check_step(s, name=f"prior_history[{i}]")
+                  for i, s in enumerate(prior_history))
     # an explicit tolerance mirrors Opacus' get_noise_multiplier (a paper's table): its bisection, its endpoint
     return _calibrated(target, delta, rate, steps, accountant, prior, tolerance, relation, explicit)
 
 
 @functools.lru_cache(maxsize=1024)
-def _calibrated(target: float, delta: float, rate: float, steps: int, accountant: str, prior: tuple[Step, ...],
+def _calibrated(target: float, delta: float, rate: float, steps: int, accountant: str, prior: tuple[Charge, ...],
                 tolerance: float, relation: str, bisection: bool = False) -> float:
     """:func:`noise_multiplier_for` on checked arguments, memoised (a pure function).
 

@@ -23,6 +23,13 @@ every Gaussian step's RDP curve is a valid bound for it as well, and RDP compose
 release's mode is recorded with it (``modes``), so this holds for the ledger's lifetime, across
 runs and restarts, with no change to the file format.
 
+**Steps that carry their RDP curve** (:class:`privacy.accountants.CurveStep`). A GDPFed group whose sum
+is a distributed discrete Gaussian is charged by KLS's RDP curve amplified by Poisson sampling
+(:mod:`privacy.poisson_rdp`), which no Gaussian triple dominates once subsampled. Such an entry is kept
+in ``curves`` beside the Gaussian ``history`` (JSON objects with their ``kind`` and parameters, schema
+version 4; a ledger without one is still written as version 3), ε is recomputed from both on every
+load, and the whole history is converted through RDP (:func:`privacy.accountants.epsilon_of_valid`).
+
 Invariant: :meth:`PrivacyLedger.record` refuses (raises ``PrivacyBudgetExhausted``,
 records nothing) any mechanism that would take the cumulative ε past the budget, so
 ``spent() <= epsilon_budget · (1 + BUDGET_RTOL)`` holds for every ledger built by records.
@@ -43,9 +50,12 @@ from typing import Any
 from privacy.accountants import (
     ACCOUNTANTS,
     REPLACE_ONE,
+    Charge,
+    CurveStep,
     Step,
     epsilon_of_valid,
     exceeds_budget,
+    merge_curve,
     merge_step,
 )
 from privacy.checks import (
@@ -57,8 +67,10 @@ from privacy.checks import (
     check_step,
 )
 from privacy.exceptions import PrivacyBudgetExhausted
+from privacy.poisson_rdp import curve_step_from_dict
 
-__all__ = ["CLIENT_LEVEL_MODES", "DDG_MODE", "LEDGER_KIND", "PrivacyLedger", "RDP_ONLY_MODES", "RunPlan", "UNIT_CLIENT",
+__all__ = ["CLIENT_LEVEL_MODES", "DDG_MODE", "GROUP_DDG_MODE", "LEDGER_KIND", "PrivacyLedger", "RDP_ONLY_MODES",
+           "RunPlan", "UNIT_CLIENT",
            "UNIT_RECORD"]
 
 log = logging.getLogger(__name__)
@@ -70,14 +82,18 @@ LEDGER_KIND = "privet-privacy-ledger"
 #: its mechanisms are re-accounted under replace-one and its releases have mode "unknown".
 #: Version 2 (no ``runs``) loads with no run plans.
 LEDGER_SCHEMA_VERSION = 3
+#: Version of a ledger whose history holds a step with its own RDP curve (a JSON object, not a triple).
+CURVE_SCHEMA_VERSION = 4
 
 #: The mode of a distributed discrete Gaussian release inside a secure sum (client level).
 DDG_MODE = "secure-ddg"
+#: The mode of a GDPFed group's distributed discrete Gaussian share (client level, a curve step).
+GROUP_DDG_MODE = "group-ddg"
 #: Modes whose releases protect a client's whole dataset; every other mode protects a record.
-CLIENT_LEVEL_MODES = frozenset({"update", DDG_MODE})
-#: Modes charged as a Gaussian step that dominates their RDP curve only: a ledger holding one
-#: converts its whole history through RDP (module docstring).
-RDP_ONLY_MODES = frozenset({DDG_MODE})
+CLIENT_LEVEL_MODES = frozenset({"update", DDG_MODE, GROUP_DDG_MODE})
+#: Modes charged only through an RDP curve (a dominating Gaussian step, or the curve itself): a ledger
+#: holding one converts its whole history through RDP (module docstring).
+RDP_ONLY_MODES = frozenset({DDG_MODE, GROUP_DDG_MODE})
 #: The accountant every ledger holding an :data:`RDP_ONLY_MODES` release converts with.
 RDP_CONVERSION = "rdp"
 UNIT_CLIENT = "client"
@@ -96,6 +112,7 @@ _REQUIRED_KEYS = (
 )
 _V2_KEYS = ("modes", "relation")
 _V3_KEYS = ("runs",)
+_OPTIONAL_V4_KEYS = ("curves",)
 _INFORMATIONAL_KEYS = ("epsilon_spent", "unit")  # written for humans, ignored (recomputed) on load
 
 
@@ -156,7 +173,7 @@ class PrivacyLedger:
     accountant : {"rdp", "prv"}
         How the history is converted to ε.
     history : list of (float, float, int)
-        ``(σ, q, n)`` of every mechanism run on the client's data; consecutive identical
+        ``(σ, q, n)`` of every Gaussian mechanism run on the client's data; consecutive identical
         ``(σ, q)`` entries are merged.
     rounds, run_ids : list of int
         Parallel lists, one entry per :meth:`record` call: the server round and the run id
@@ -166,6 +183,8 @@ class PrivacyLedger:
         loaded from a version-1 ledger).
     runs : dict of int to RunPlan
         Per run id, the cap and mechanism the client fixed for that run (:meth:`open_run`).
+    curves : list of CurveStep
+        The mechanisms charged by their own RDP curve (module docstring); consecutive equal ones merge.
 
     Notes
     -----
@@ -180,6 +199,7 @@ class PrivacyLedger:
     run_ids: list[int] = field(default_factory=list)
     modes: list[str] = field(default_factory=list)
     runs: dict[int, RunPlan] = field(default_factory=dict)
+    curves: list[CurveStep] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.epsilon_budget = check_positive("epsilon_budget", self.epsilon_budget)
@@ -188,6 +208,9 @@ class PrivacyLedger:
         if not isinstance(self.history, (list, tuple)):
             raise ValueError(f"history must be a list of (sigma, q, steps); found {self.history!r}")
         self.history = [check_step(s, name=f"history[{i}]") for i, s in enumerate(self.history)]
+        if not isinstance(self.curves, (list, tuple)) or not all(isinstance(c, CurveStep) for c in self.curves):
+            raise ValueError(f"curves must be a list of steps with their RDP curve; found {self.curves!r}")
+        self.curves = list(self.curves)
         for name in ("rounds", "run_ids"):
             values = getattr(self, name)
             if not isinstance(values, (list, tuple)):
@@ -206,7 +229,11 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ accounting
     def spent(self) -> float:
         """Cumulative ε at ``delta`` of the whole history (an upper bound; 0 if empty)."""
-        return epsilon_of_valid(self.history, self.delta, self.conversion())
+        return epsilon_of_valid(self.charges(), self.delta, self.conversion())
+
+    def charges(self) -> list[Charge]:
+        """Everything charged: the Gaussian history and the curve steps."""
+        return [*self.history, *self.curves]
 
     def conversion(self, mode: str | None = None) -> str:
         """The accountant the history converts with (once a release of ``mode`` is added, if given).
@@ -214,7 +241,8 @@ class PrivacyLedger:
         The declared accountant, unless the ledger holds (or ``mode`` is) a release that only an RDP
         conversion bounds (:data:`RDP_ONLY_MODES`): then ``"rdp"`` for the whole history.
         """
-        if mode in RDP_ONLY_MODES or any(m in RDP_ONLY_MODES for m in self.modes):
+        if mode in RDP_ONLY_MODES or any(m in RDP_ONLY_MODES for m in self.modes) \
+                or bool(self.curves):
             return RDP_CONVERSION
         return self.accountant
 
@@ -247,18 +275,18 @@ class PrivacyLedger:
         whose relative slack ``BUDGET_RTOL`` absorbs float round-off between a plan
         calibrated in one piece and the same plan recorded round by round.
         """
-        step = check_release(noise_multiplier, sample_rate, steps)
-        projected = epsilon_of_valid([*self.history, step], self.delta, self.conversion())
+        step: Step = check_release(noise_multiplier, sample_rate, steps)
+        projected = epsilon_of_valid([*self.charges(), step], self.delta, self.conversion())
         return exceeds_budget(projected, self.epsilon_budget)
 
-    def would_exceed_release(self, charges: Sequence[Step], run_id: int, mode: str | None = None) -> bool:
+    def would_exceed_release(self, charges: Sequence[Charge], run_id: int, mode: str | None = None) -> bool:
         """Whether recording ``charges`` would take cumulative ε past the budget or the run's cap.
 
         ``mode`` is the release's (:meth:`conversion`: an RDP-only release is projected through RDP).
         """
         if not charges:
             return False
-        projected = epsilon_of_valid([*self.history, *charges], self.delta, self.conversion(mode))
+        projected = epsilon_of_valid([*self.charges(), *charges], self.delta, self.conversion(mode))
         return exceeds_budget(projected, self.limit(run_id))
 
     def record(
@@ -286,7 +314,7 @@ class PrivacyLedger:
         self.record_release([step], server_round=check_int("server_round", server_round, minimum=0),
                             run_id=check_int("run_id", run_id, minimum=0), mode=mode)
 
-    def record_release(self, charges: Sequence[Step], *, server_round: int, run_id: int, mode: str) -> None:
+    def record_release(self, charges: Sequence[Charge], *, server_round: int, run_id: int, mode: str) -> None:
         """Record one release and charge its mechanisms (none: a release an earlier charge paid for).
 
         The arguments come from a mechanism (:mod:`privacy.mechanisms`) and are trusted.
@@ -298,17 +326,22 @@ class PrivacyLedger:
             unchanged.
         """
         if charges:
-            projected = epsilon_of_valid([*self.history, *charges], self.delta, self.conversion(mode))
+            projected = epsilon_of_valid([*self.charges(), *charges], self.delta, self.conversion(mode))
             limit = self.limit(run_id)
             if exceeds_budget(projected, limit):
                 what = "budget" if limit == self.epsilon_budget else f"run {run_id}'s cap"
-                sigma, rate, steps = charges[-1]
+                last = charges[-1]
+                what_step = last.describe() if isinstance(last, CurveStep) else \
+                    f"(sigma={last[0]:g}, q={last[1]:g}, steps={last[2]})"
                 raise PrivacyBudgetExhausted(
-                    f"recording (sigma={sigma:g}, q={rate:g}, steps={steps}) in round {server_round} would spend "
+                    f"recording {what_step} in round {server_round} would spend "
                     f"epsilon={projected:.6g} > {what} {limit:g} (delta={self.delta:g}, already spent "
                     f"{self.spent():.6g}); nothing recorded")
             for step in charges:
-                merge_step(self.history, step)
+                if isinstance(step, CurveStep):
+                    merge_curve(self.curves, step)
+                else:
+                    merge_step(self.history, step)
         self.rounds.append(server_round)
         self.run_ids.append(run_id)
         self.modes.append(str(mode))
@@ -334,8 +367,8 @@ class PrivacyLedger:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state; an infinite budget is stored as ``null``."""
         spent = self.spent()
-        return {
-            "schema_version": LEDGER_SCHEMA_VERSION,
+        state: dict[str, Any] = {
+            "schema_version": CURVE_SCHEMA_VERSION if self.curves else LEDGER_SCHEMA_VERSION,
             "kind": LEDGER_KIND,
             "epsilon_budget": self.epsilon_budget if math.isfinite(self.epsilon_budget) else None,
             "delta": self.delta,
@@ -349,6 +382,9 @@ class PrivacyLedger:
             "epsilon_spent": spent if math.isfinite(spent) else None,
             "unit": self.unit(),
         }
+        if self.curves:
+            state["curves"] = [c.to_dict() for c in self.curves]
+        return state
 
     def to_json(self) -> str:
         """The ledger as a JSON document (strict JSON: no NaN or Infinity)."""
@@ -367,13 +403,13 @@ class PrivacyLedger:
         if not isinstance(state, dict):
             raise ValueError(f"ledger must be a JSON object; found {type(state).__name__}")
         version = check_int("schema_version", state.get("schema_version"), minimum=0)
-        if version not in (1, 2, LEDGER_SCHEMA_VERSION):
-            raise ValueError(
-                f"ledger schema_version {version} is not supported; supported: 1, 2, {LEDGER_SCHEMA_VERSION}"
-            )
+        if version not in (1, 2, LEDGER_SCHEMA_VERSION, CURVE_SCHEMA_VERSION):
+            raise ValueError(f"ledger schema_version {version} is not supported; supported: 1, 2, "
+                             f"{LEDGER_SCHEMA_VERSION}, {CURVE_SCHEMA_VERSION}")
         required = _REQUIRED_KEYS + (_V2_KEYS if version >= 2 else ()) + (_V3_KEYS if version >= 3 else ())
         missing = [k for k in required if k not in state]
-        unknown = sorted(str(k) for k in state if k not in required + _INFORMATIONAL_KEYS)
+        optional = _OPTIONAL_V4_KEYS if version >= CURVE_SCHEMA_VERSION else ()
+        unknown = sorted(str(k) for k in state if k not in required + optional + _INFORMATIONAL_KEYS)
         if missing or unknown:
             raise ValueError(
                 f"ledger keys must be {list(required)} (plus optional "
@@ -398,6 +434,10 @@ class PrivacyLedger:
             if not (isinstance(key, str) and key.isdigit()):
                 raise ValueError(f"ledger 'runs' keys must be run ids; found {key!r}")
             plans[int(key)] = RunPlan.from_dict(plan, f"runs.{key}")
+        raw_curves = state.get("curves", []) if version >= CURVE_SCHEMA_VERSION else []
+        if not isinstance(raw_curves, list):
+            raise ValueError(f"ledger 'curves' must be a list; found {raw_curves!r}")
+        curves = [curve_step_from_dict(c, f"curves[{i}]") for i, c in enumerate(raw_curves)]
         return cls(
             epsilon_budget=math.inf if budget is None else budget,
             delta=state["delta"],
@@ -407,6 +447,7 @@ class PrivacyLedger:
             run_ids=list(state["run_ids"]),
             modes=list(modes),
             runs=plans,
+            curves=curves,
         )
 
     @classmethod
@@ -520,6 +561,7 @@ class PrivacyLedger:
             run_ids=stored.run_ids,
             modes=stored.modes,
             runs=stored.runs,
+            curves=stored.curves,
         )
         if changes and exceeds_budget(ledger.spent(), ledger.epsilon_budget):
             log.warning(

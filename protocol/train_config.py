@@ -26,6 +26,7 @@ from privacy.mechanisms import (
     Calibration,
     CentroidRelease,
     DDGSum,
+    GroupDiscreteGaussianShare,
     GroupShare,
     Mechanism,
     NoPrivacy,
@@ -194,9 +195,13 @@ class TrainConfig:
             planned = Calibration(clustering.planned_rounds or self.num_rounds, self.target_epsilon, self.calibration)
             return CentroidRelease(self.clip, self.noise_multiplier, planned)
         if secure_floor is not None and ddg is not None:
-            if self.group_round:
-                raise ValueError("a GDPFed group's run is charged with amplification by sampling, which the "
-                                 "distributed discrete Gaussian's accounting does not offer under replace-one")
+            if self.group_round:  # the group's run, charged once by KLS's curve amplified by Poisson sampling
+                if secure_floor < self.noise_shares:
+                    raise ValueError(f"a group sum released with {secure_floor} of its {self.noise_shares} noise "
+                                     "shares carries less noise than the group's sigma_m that this client charges")
+                return GroupDiscreteGaussianShare(self.clip, self.noise_multiplier, sample_rate=self.group_sample_rate,
+                                                  rounds=self.num_rounds, noise_shares=self.noise_shares,
+                                                  min_survivors=secure_floor, ddg=ddg)
             return SecureDiscreteGaussianShare(self.clip, self.noise_multiplier, noise_shares=self.noise_shares,
                                                min_survivors=secure_floor, ddg=ddg)
         if self.group_round:

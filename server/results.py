@@ -37,7 +37,7 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from privacy.accountants import BUDGET_RTOL, REPLACE_ONE, Step, epsilon_of, exceeds_budget
+from privacy.accountants import BUDGET_RTOL, REPLACE_ONE, Charge, epsilon_of, exceeds_budget
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.mechanisms import Mechanism
 from server.config import RunConfig
@@ -341,7 +341,7 @@ def spend_bound(strategy: PrivacyAwareFedAvg, account: ClientAccount, last_round
     if not rounds or not math.isfinite(known):
         return known, rounds
     limit = account.epsilon_budget
-    extra: list[Step] = []
+    extra: list[Charge] = []
     derivable = True
     for j, server_round in enumerate(rounds):
         try:
@@ -355,10 +355,11 @@ def spend_bound(strategy: PrivacyAwareFedAvg, account: ClientAccount, last_round
             limit = min(limit, account.epsilon_at_start + target)
         sigma = mechanism.noise_multiplier
         if sigma <= 0:  # calibrated once per run: what its accepted replies of this run reported
-            if not account.server_history:
+            last = account.server_history[-1] if account.server_history else None
+            if last is None or not isinstance(last, tuple):  # none, or a curve step: no σ to read back
                 derivable = False
                 continue
-            sigma = account.server_history[-1][0] / mechanism.scale
+            sigma = last[0] / mechanism.scale
         try:
             extra.extend(mechanism.release(sigma, len(account.rounds) + j).charges)
         except PrivacyBudgetExhausted:  # a release the mechanism allows no more of: the client refuses it

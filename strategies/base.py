@@ -34,7 +34,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from privacy.accountants import DEFAULT_ACCOUNTANT, Step
+from privacy.accountants import DEFAULT_ACCOUNTANT, Charge
 from privacy.mechanisms import ExpectedRelease, Mechanism
 from protocol import keys
 from protocol.budget_query import BudgetQuery
@@ -282,7 +282,7 @@ class PrivacyAwareFedAvg(FedAvg):
         except ValueError:  # a config no client can run (each refuses it): nothing more to derive
             return ExpectedRelease(n)
 
-    def server_steps(self, server_round: int, account: ClientAccount, metrics: dict[str, float]) -> list[Step]:
+    def server_steps(self, server_round: int, account: ClientAccount, metrics: dict[str, float]) -> list[Charge]:
         """The charge of a verified reply: its mechanism's release at the σ it reports, as the
         ``k``-th release of the run (GDPFed charges its run once; beyond T it allows none).
 

@@ -22,7 +22,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from privacy.accountants import Step, epsilon_of
+from privacy.accountants import Charge, epsilon_of
 from privacy.policy import is_spent
 from protocol import keys
 from protocol.budget_query import BudgetQuery, handshake_transcript
@@ -52,7 +52,7 @@ class ClientAccount:
     num_examples: int
     epsilon_spent: float
     epsilon_at_start: float
-    server_history: list[Step] = field(default_factory=list)
+    server_history: list[Charge] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)
     dropped_rounds: list[int] = field(default_factory=list)
     rejections: list[tuple[int, str]] = field(default_factory=list)

@@ -32,7 +32,12 @@ Aggregation: per-group sums go through :meth:`GDPFedStrategy._group_sum`, a plai
 by default: the server is a **trusted aggregator** (it could see individual uploads), which
 every result declares. With ``secure-aggregation = "secagg+"`` each group is one secure sum
 (:mod:`strategies.secure_sum`) released only with all r_m members, and the server sees
-group sums only; it still knows who was sampled, which every result declares too.
+group sums only; it still knows who was sampled, which every result declares too. With
+``secure-aggregation = "secagg+ddg"`` each group is one secure sum of distributed discrete Gaussian
+shares (Kairouz, Liu & Steinke 2021): every member charges its group's run once by KLS's RDP curve at
+the sum's parameters amplified by Poisson sampling at q_m (:class:`privacy.mechanisms.GroupDiscreteGaussianShare`,
+:mod:`privacy.poisson_rdp`), and σ_m is calibrated against that charge
+(:func:`privacy.group_calibration.ddg_group_noise_multiplier`), so each client spends at most ε_m.
 
 Privacy: each client runs its group's share (:class:`privacy.mechanisms.GroupShare`): it charges
 (σ_m, q_m, T) once per run and makes at most T releases in it; the server verifies σ_m, q_m and
@@ -56,12 +61,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from typing_extensions import override
 
+from privacy.group_calibration import ddg_group_noise_multiplier
 from protocol import keys
 from protocol.train_config import TrainConfig
 from strategies.base import AcceptedReply, ClientAccount, PrivacyAwareFedAvg, StrategyOptions
 from strategies.gdpfed_config import GDPFedConfig
 from strategies.gdpfed_math import lr_at_round, sparsify_top_k
-from strategies.gdpfed_plan import VARIANTS, GroupPlan, group_index, plan_groups
+from strategies.gdpfed_plan import VARIANTS, GroupPlan, SigmaRule, group_index, plan_groups
 from strategies.secure_sum import SumResult
 
 log = logging.getLogger("privet.strategy")
@@ -74,8 +80,9 @@ TRUST_NOTE = ("assumes the server sees only each group's noisy sum and not who w
               "uploads and the sample")
 SECURE_TRUST_NOTE = ("assumes the server sees only each group's noisy sum and not who was sampled; this run used "
                      "secure aggregation, so the server saw only the group sums (released only with all r_m noise "
-                     "shares), but it chose the sample: against the server the sum of round t is a Gaussian "
-                     "mechanism with multiplier sigma_m for every sampled member, without the amplification by "
+                     "shares), but it chose the sample: against the server the sum of round t is the group's "
+                     "mechanism (a Gaussian with multiplier sigma_m, or its discrete Gaussian sum) for every sampled "
+                     "member, without the amplification by "
                      "sampling that the charged eps assumes; the charged eps holds against other clients and "
                      "observers of the model")
 
@@ -132,7 +139,8 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
     def _make_plan(self, rounds: int, clip: float, lr: float, local_steps: int) -> None:
         accounts = sorted(self.accounts.values(), key=lambda a: a.node_id)
         plan, assign = plan_groups(self.variant, self.params, [(a.epsilon_budget, a.delta) for a in accounts],
-                                   rounds, clip, lr=lr, local_steps=local_steps, accountant=self.accountant)
+                                   rounds, clip, lr=lr, local_steps=local_steps, accountant=self.accountant,
+                                   sigma_rule=self._ddg_sigma_rule(clip))
         self.plan = plan
         self.group_of = {a.node_id: m for a, m in zip(accounts, assign, strict=True)}
         for m in range(len(plan.sizes)):
@@ -140,6 +148,19 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
                      self.variant.name, m + 1, plan.sizes[m], plan.epsilons[m], plan.sample_rates[m],
                      plan.requested_rates[m], plan.counts[m], plan.sigmas[m], plan.clips[m], plan.weights[m],
                      plan.sparsity[m])
+
+    def _ddg_sigma_rule(self, clip: float) -> SigmaRule | None:
+        """σ_m of a ``secagg+ddg`` group: calibrated against the curve step its members charge (None: Gaussian)."""
+        secure = self.secure_aggregation
+        if secure is None or not secure.ddg:
+            return None
+        dim = sum(int(np.asarray(a).size) for a in self._global)
+
+        def rule(epsilon: float, delta: float, rate: float, rounds: int, shares: int) -> float:
+            return ddg_group_noise_multiplier(epsilon, delta, rate, rounds, clip=clip, dim=dim, bits=secure.bits,
+                                              shares=shares, beta=secure.beta,
+                                              wrap_probability=secure.wrap_probability)
+        return rule
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

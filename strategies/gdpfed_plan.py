@@ -13,7 +13,7 @@ fails naming its key.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -57,6 +57,10 @@ class GroupPlan:
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe, for the results' summary."""
         return {k: v for k, v in self.__dict__.items()}
+
+
+#: ``(ε_m, δ_m, q_m, T, r_m) -> σ_m``: a group's calibration other than the Gaussian accountant's.
+SigmaRule = Callable[[float, float, float, int, int], float]
 
 
 def group_index(epsilon: float, thresholds: Sequence[float]) -> int | None:
@@ -111,12 +115,17 @@ def plan_groups(
     lr: float = 0.1,
     local_steps: int = 5,
     accountant: str = DEFAULT_ACCOUNTANT,
+    sigma_rule: SigmaRule | None = None,
 ) -> tuple[GroupPlan, list[int]]:
     """The run's group plan from the declared budgets ``[(ε_i, δ_i)]`` (module docstring).
 
     σ_m is calibrated with ``accountant``, which must be the one the clients' ledgers charge
     with (the run's ``accountant``): then each group spends ε_m up to the calibration's
     tolerance and never more.
+
+    ``sigma_rule(ε_m, δ_m, q_m, T, r_m)``, where given, calibrates σ_m instead of the Gaussian
+    accountant: the members of a ``secagg+ddg`` group charge the discrete Gaussian's curve step
+    (:func:`privacy.group_calibration.ddg_group_noise_multiplier`).
 
     Returns the plan and each budget's group index. Raises ValueError naming the config key
     for an empty group, q_m·|G_m| < 1, or a budget the calibration cannot reach; a budget
@@ -155,8 +164,11 @@ def plan_groups(
         requested = [q] * m_groups
     counts = round_counts(requested, sizes, key=rate_key)
     rates = [r / g for r, g in zip(counts, sizes, strict=True)]
-    sigmas = list(_sigmas(tuple(eps), tuple(rates), rounds, tuple(deltas),
-                          "gdpfed.group-epsilons" if not variant.single_group else "epsilon", accountant))
+    if sigma_rule is None:
+        sigmas = list(_sigmas(tuple(eps), tuple(rates), rounds, tuple(deltas),
+                              "gdpfed.group-epsilons" if not variant.single_group else "epsilon", accountant))
+    else:
+        sigmas = [sigma_rule(e, d, q_m, rounds, r) for e, d, q_m, r in zip(eps, deltas, rates, counts, strict=True)]
     clips = [clip] * m_groups
     if variant.noise == "common-std":  # IDP Scale: one noise std s for every group
         clips = params.per_group("idp_clips", m_groups)

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from flwr.app import Message, MetricRecord
 
-from privacy.accountants import Step, epsilon_of, exceeds_budget
+from privacy.accountants import Charge, epsilon_of, exceeds_budget
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.mechanisms import ExpectedRelease
 from privacy.policy import is_spent
@@ -65,7 +65,7 @@ class Verifier(Protocol):
     def expected_release(self, server_round: int, account: ClientAccount) -> ExpectedRelease:
         """The mechanism figures the server can derive."""
 
-    def server_steps(self, server_round: int, account: ClientAccount, metrics: dict[str, float]) -> list[Step]:
+    def server_steps(self, server_round: int, account: ClientAccount, metrics: dict[str, float]) -> list[Charge]:
         """What the verified reply adds to the client's server-side history."""
 
     @property
@@ -226,7 +226,7 @@ class ReplyBook:
                                    {k: str(v) for k, v in meta.items()})
 
     def _check_claimed_epsilon(self, account: ClientAccount, metrics: dict[str, float],
-                               steps: list[Step]) -> str | None:
+                               steps: list[Charge]) -> str | None:
         """The claimed cumulative ε against the server's own recomputation of this run.
 
         The verified mechanisms of this run alone imply ε_run (the server's accountant); a client's

@@ -95,10 +95,6 @@ def check(cfg: Any, sums_only: bool, group_sums: bool) -> None:
         raise ValueError(f"'secagg.bits' must be an integer in [8, {MAX_BITS}] for 'secure-aggregation' = "
                          f"'{GAUSSIAN}' (Flower's quantiser holds 30 bits); found {cfg.secagg.bits}")
     if cfg.secure_aggregation == DDG:
-        if group_sums:
-            raise ValueError(f"'secure-aggregation' = '{DDG}' does not compose with '{cfg.strategy}': a GDPFed group "
-                             "charges its run with amplification by sampling, which the distributed discrete "
-                             "Gaussian's accounting does not offer under replace-one; use 'secagg+'")
         if cfg.accountant != "rdp":
             raise ValueError(f"'secure-aggregation' = '{DDG}' needs 'accountant' = 'rdp': the distributed discrete "
                              "Gaussian's guarantee is a Renyi-DP bound (Kairouz, Liu & Steinke 2021), which clients' "

@@ -8,7 +8,13 @@ Two tables, the kind Kairouz, Liu & Steinke (ICML 2021) show, on privet's tasks:
   with RDP (to separate the accountant's share of the difference from the mechanism's), and
   ``secagg+ddg`` at 16 bits (exact discrete Gaussian shares, charged with KLS's RDP bound);
 - **bits**: ``secagg+ddg`` at b = 10, 12, 16, 20, 24 bits per coordinate on the wire, each
-  calibrated to the same ε.
+  calibrated to the same ε;
+- **gdpfed**: GDPFed+ (three budget groups, Problem 1's q_m, top-k) with each group one secure sum,
+  continuous (``secagg+``, charged (σ_m, q_m, T) by PRV or RDP) against discrete (``secagg+ddg`` at
+  16 bits, each member charged KLS's curve amplified by Poisson sampling with Zhu & Wang's general
+  bound, :mod:`privacy.poisson_rdp`), every client at the same budget. The strategy calibrates σ_m
+  itself against the charge its clients make (:func:`privacy.group_calibration.ddg_group_noise_multiplier`
+  for ``secagg+ddg``), so the record's σ_m is the plan's.
 
 Each run's noise multiplier z is the smallest that keeps every client's ledger at the target ε
 after T rounds, computed here with privet's own charge (:func:`calibrate`): for ``secagg+`` the
@@ -22,6 +28,7 @@ ClientApp on the in-process grid; every record lands in ``runs.jsonl`` and
     nice -n 10 python experiments/ddg/ddg.py run --part compare --seeds 1 2 3            # ε = 8
     nice -n 10 python experiments/ddg/ddg.py run --part compare --seeds 1 2 3 --epsilon 4
     nice -n 10 python experiments/ddg/ddg.py run --part bits --seeds 1 2 3
+    nice -n 10 python experiments/ddg/ddg.py run --part gdpfed --seeds 1 2 3
     python experiments/ddg/ddg.py report
 
 Hyperparameters are fixed before any run (no tuning on the test split): the regime below, the
@@ -40,7 +47,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -66,6 +73,17 @@ COMPARE_BITS = 16
 #: (label, secure-aggregation, accountant)
 COMPARE = (("secagg+ (PRV)", "secagg+", "prv"), ("secagg+ (RDP)", "secagg+", "rdp"),
            ("secagg+ddg (RDP)", "secagg+ddg", "rdp"))
+#: GDPFed+ in small settings: logreg on Fashion-MNIST, 60 IID clients of 100 examples in three budget
+#: groups of 20 (ε = 2, 4, 8 at δ = 1e-5), q = 0.25 overall (Problem 1 gives r = 2, 5, 8), T = 10.
+GDPFED_REGIME: dict[str, Any] = {
+    "strategy": "gdpfed-plus", "dataset": "fashion-mnist", "model": "logreg", "partitioner": "iid",
+    "num-clients": 60, "min-train-clients": 1, "max-examples-per-client": 100, "num-server-rounds": 10,
+    "local-epochs": 1, "batch-size": 32, "learning-rate": 0.1, "momentum": 0.0, "clip": 0.3, "delta": 1e-5,
+    "budget-distribution": "groups", "budget-groups": "2, 4, 8", "gdpfed.group-epsilons": "2, 4, 8",
+    "gdpfed.q": 0.25, "evaluation-split": "test",
+}
+GDPFED_COMPARE = (("GDPFed+ secagg+ (PRV)", "secagg+", "prv"), ("GDPFed+ secagg+ (RDP)", "secagg+", "rdp"),
+                  ("GDPFed+ secagg+ddg (RDP)", "secagg+ddg", "rdp"))
 RECORDS = HERE / "runs.jsonl"
 RUNS = HERE / "runs"
 
@@ -139,6 +157,13 @@ def calibrate(target: float, mode: str, accountant: str, bits: int, cfg: dict[st
 def jobs(part: str, seeds: list[int], target: float = TARGET_EPSILON) -> list[tuple[str, dict[str, Any],
                                                                                    dict[str, Any]]]:
     """(key, run config overrides, what the record says about the run) of one part at ε = ``target``."""
+    if part == "gdpfed":
+        return [(f"gdpfed|{mode}|{accountant}|b{COMPARE_BITS}|seed{seed}",
+                 {**GDPFED_REGIME, "secure-aggregation": mode, "accountant": accountant, "secagg.bits": COMPARE_BITS,
+                  "seed": seed},
+                 {"part": part, "label": label, "mode": mode, "accountant": accountant, "bits": COMPARE_BITS,
+                  "seed": seed, "target_epsilon": GDPFED_REGIME["budget-groups"]})
+                for label, mode, accountant in GDPFED_COMPARE for seed in seeds]
     dim = model_dim(REGIME["model"])
     variants = [(label, mode, accountant, COMPARE_BITS) for label, mode, accountant in COMPARE] if part == "compare" \
         else [(f"secagg+ddg {b} bits", "secagg+ddg", "rdp", b) for b in BITS_SWEEP]
@@ -192,7 +217,24 @@ def execute(key: str, overrides: dict[str, Any], about: dict[str, Any]) -> dict[
             "local_sigma_sq": sums[0].get("local_sigma_sq") if sums else None,
             "scale": sums[0].get("scale") if sums else None, "norm_bound": sums[0].get("norm_bound") if sums else None,
             "bytes_up_per_round": statistics.fmean(r["bytes_up"] for r in rounds[1:]),
-            "seconds": time.perf_counter() - started}
+            "seconds": time.perf_counter() - started, **_group_record(cast(dict[str, Any], summary))}
+
+
+def _group_record(summary: dict[str, Any]) -> dict[str, Any]:
+    """A GDPFed run's plan (σ_m, r_m, q_m, ε_m) and, per group, the largest ε spent over its budget."""
+    group = summary.get("group_dp")
+    if not group or not group.get("plan"):
+        return {}
+    plan = group["plan"]
+    spent: dict[float, float] = {}
+    for c in summary["clients"]:
+        if c["epsilon_spent"]:
+            budget = float(c["epsilon_budget"])
+            spent[budget] = max(spent.get(budget, 0.0), float(c["epsilon_spent"]) / budget)
+    return {"plan": {k: plan[k] for k in ("sigmas", "counts", "sample_rates", "epsilons", "sparsity")},
+            "spent_over_budget": {f"{b:g}": v for b, v in sorted(spent.items())},
+            "server_matches": all(abs((c["epsilon_server_recomputed_this_run"] or 0.0) - (c["epsilon_spent"] or 0.0))
+                                  <= 1e-6 * max(1.0, c["epsilon_spent"] or 0.0) for c in summary["clients"])}
 
 
 def load_records() -> dict[str, dict[str, Any]]:
@@ -214,7 +256,9 @@ def run(part: str, seeds: list[int], target: float) -> None:
         record = {**about, "key": key} if about.get("unreachable") else execute(key, overrides, about)
         with open(RECORDS, "a") as fh:
             fh.write(json.dumps(record) + "\n")
-        print(key, about.get("unreachable") or f"z={about['noise_multiplier']:.4f} final {record['final_accuracy']:.4f} "
+        noise = f"z={about['noise_multiplier']:.4f}" if "noise_multiplier" in about else \
+            f"sigma_m={record.get('plan', {}).get('sigmas')}"
+        print(key, about.get("unreachable") or f"{noise} final {record['final_accuracy']:.4f} "
               f"eps {max(record['epsilon_spent']):.4f} ({record['seconds']:.0f} s)", flush=True)
 
 
@@ -247,10 +291,11 @@ def report() -> str:
     def bits_label(x: dict[str, Any]) -> str:
         return f"secagg+ddg {x['bits']} bits"
 
+    udp = [x for x in records if x.get("part") != "gdpfed"]
     parts = (("Same ε, three mechanisms", lambda x: x["mode"] == "secagg+" or x["bits"] == COMPARE_BITS, compare_label),
              ("Bits per coordinate (secagg+ddg)", lambda x: x["mode"] == "secagg+ddg", bits_label))
     for title, belongs, label_of in parts:
-        rows = [x for x in records if belongs(x)]
+        rows = [x for x in udp if belongs(x)]
         if not rows:
             continue
         lines += [f"## {title}", "",
@@ -276,7 +321,45 @@ def report() -> str:
                 f"{max(max(x['epsilon_spent']) for x in xs):.4f} | {max(max(x['epsilon_server']) for x in xs):.4f} | "
                 f"{'–' if wrap is None else f'{wrap:.1e}'} | {statistics.fmean(x['bytes_up_per_round'] for x in xs):,.0f} |")
         lines.append("")
+    lines += _gdpfed_report([x for x in records if x.get("part") == "gdpfed"])
     return "\n".join(lines) + "\n"
+
+
+def _gdpfed_report(records: list[dict[str, Any]]) -> list[str]:
+    """The GDPFed+ table: continuous against discrete group sums at the same budgets."""
+    if not records:
+        return []
+    g = GDPFED_REGIME
+    lines = ["## GDPFed+ with continuous and discrete Gaussian group sums", "",
+             f"GDPFed+ ({g['model']} on Fashion-MNIST, {g['num-clients']} IID clients of "
+             f"{g['max-examples-per-client']} examples in three budget groups ε = {g['budget-groups']} at δ = {g['delta']:g}, q = {g['gdpfed.q']} "
+             f"overall with Problem 1's q_m, top-k per group, T = {g['num-server-rounds']}, C = {g['clip']}), each "
+             "group one secure sum released with all r_m members. σ_m is the plan's, calibrated by the strategy "
+             "against what its members charge: (σ_m, q_m, T) under the accountant for `secagg+`; KLS's curve at "
+             "the sum's parameters amplified by Poisson sampling (Zhu & Wang 2019, Thm. 6; replace-one through "
+             "the zero-out neighbour) for `secagg+ddg`. 'ε / budget' is the largest ε a client of the group spent "
+             "over its budget; 'server' says whether every client's ε equals the server's recomputation.", "",
+             "| mechanism | accountant | bits | σ_m (ε = 2, 4, 8) | r_m | seeds | final | last 3 "
+             "| ε / budget (max per group) | server | bytes up / round |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for x in records:
+        groups.setdefault(x["label"], []).append(x)
+    for label, _mode, _accountant in GDPFED_COMPARE:
+        xs = sorted(groups.get(label, []), key=lambda x: x["seed"])
+        if not xs:
+            continue
+        plan = xs[0]["plan"]
+        ratio = {b: max(x["spent_over_budget"].get(b, 0.0) for x in xs) for b in xs[0]["spent_over_budget"]}
+        bits_cell = f"{xs[0]['bits']}" if xs[0]["mode"] == "secagg+ddg" else "24 (quantiser)"
+        lines.append(
+            f"| {label} | {xs[0]['accountant']} | {bits_cell} | {', '.join(f'{s:.3f}' for s in plan['sigmas'])} | "
+            f"{', '.join(str(r) for r in plan['counts'])} | {', '.join(str(x['seed']) for x in xs)} | "
+            f"{_mean_sd([x['final_accuracy'] for x in xs])} | {_mean_sd([x['last3_accuracy'] for x in xs])} | "
+            f"{', '.join(f'{v:.4f}' for v in ratio.values())} | "
+            f"{'equal' if all(x['server_matches'] for x in xs) else 'DIFFERS'} | "
+            f"{statistics.fmean(x['bytes_up_per_round'] for x in xs):,.0f} |")
+    return lines + [""]
 
 
 def main() -> None:
@@ -284,7 +367,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     runner = sub.add_parser("run")
-    runner.add_argument("--part", choices=("compare", "bits"), required=True)
+    runner.add_argument("--part", choices=("compare", "bits", "gdpfed"), required=True)
     runner.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     runner.add_argument("--epsilon", type=float, default=TARGET_EPSILON, help="every client's target ε")
     sub.add_parser("report")

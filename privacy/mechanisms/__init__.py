@@ -24,7 +24,7 @@ from typing import Final
 
 from privacy.mechanisms.base import Calibration, ExpectedRelease, LocalWork, Mechanism, Privatizer, Release, Upload
 from privacy.mechanisms.centroids import CentroidRelease
-from privacy.mechanisms.ddg import DDGSum, SecureDiscreteGaussianShare
+from privacy.mechanisms.ddg import DDGSum, GroupDiscreteGaussianShare, SecureDiscreteGaussianShare
 from privacy.mechanisms.dpsgd import (
     DPSGD,
     dpsgd_batches_per_epoch,
@@ -43,7 +43,8 @@ from privacy.mechanisms.group_share import GroupShare
 from privacy.mechanisms.update import NoPrivacy, SecureSumShare, WholeUpdate
 
 __all__ = ["DPSGD", "MECHANISMS", "Calibration", "CentroidRelease", "DDGSum", "ExpectedRelease", "GroupShare",
-           "LocalWork", "Mechanism", "NoPrivacy", "Privatizer", "Release", "SecureDiscreteGaussianShare",
+           "GroupDiscreteGaussianShare", "LocalWork", "Mechanism", "NoPrivacy", "Privatizer", "Release",
+           "SecureDiscreteGaussianShare",
            "SecureSumShare", "Upload", "WholeUpdate", "clip_update",
            "dpsgd_batches_per_epoch", "dpsgd_expected_batch", "dpsgd_sample_rate", "dpsgd_steps_per_round",
            "gaussian_noise_like", "l2_norm", "local_noise_multiplier", "privatize_update"]
@@ -51,5 +52,5 @@ __all__ = ["DPSGD", "MECHANISMS", "Calibration", "CentroidRelease", "DDGSum", "E
 #: kind -> mechanism class: every mechanism privet runs.
 MECHANISMS: Final[dict[str, type[Mechanism]]] = {
     cls.kind: cls for cls in (DPSGD, WholeUpdate, SecureSumShare, SecureDiscreteGaussianShare, GroupShare,
-                              CentroidRelease, NoPrivacy)
+                              GroupDiscreteGaussianShare, CentroidRelease, NoPrivacy)
 }

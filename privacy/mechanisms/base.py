@@ -30,7 +30,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from privacy.accountants import Step
+from privacy.accountants import Charge
 from privacy.calibration import noise_multiplier_for, pfa_closed_form_sigma
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import UNIT_CLIENT, PrivacyLedger, RunPlan
@@ -51,7 +51,7 @@ class Release:
     sample_rate, steps : float, int
         q and the step count the reply reports (DP-SGD's; 1, 1 for one Gaussian release;
         GDPFed's q_m and T).
-    charges : tuple of (σ, q, steps)
+    charges : tuple of (σ, q, steps) or CurveStep
         What the ledger records for this release; empty where an earlier release of the run
         already paid for it (GDPFed's pre-charge).
     """
@@ -59,7 +59,7 @@ class Release:
     noise_multiplier: float
     sample_rate: float
     steps: int
-    charges: tuple[Step, ...]
+    charges: tuple[Charge, ...]
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ class Mechanism(ABC):
         rate, steps = self.workload
         total = steps * self.calibration.rounds
         charged = noise_multiplier_for(cap, ledger.delta, rate, total, accountant=ledger.conversion(self.ledger_mode),
-                                       prior_history=list(ledger.history))
+                                       prior_history=ledger.charges())
         if self.calibration.rule == "pfa-closed-form":  # the PFA authors' σ, never below the budget's
             charged = max(charged, pfa_closed_form_sigma(cap - before, ledger.delta, rate, total) * self.scale)
         return RunPlan(cap=cap if target > 0 else math.inf, noise_multiplier=charged, kind=self.kind,

@@ -36,6 +36,16 @@ as for every secure sum, a malicious member can send any vector in [0, 2^b)^{d'}
 fails the server's norm check). Wrap-around mod 2^b is a utility event (the released sum is a
 function of the charged one whatever happens), with a probability the run's summary states.
 
+**A GDPFed group as one distributed discrete Gaussian sum** (:class:`GroupDiscreteGaussianShare`, kind
+``group-ddg``). GDPFed charges a group's whole run once, (mechanism, q_m, T), with amplification by the
+server's sampling of r_m of the group's |G_m| members. A Gaussian step that dominates KLS's curve
+unsampled does not dominate it once subsampled, so this share charges the curve itself: the ledger step
+:class:`privacy.poisson_rdp.DDGPoissonStep` (KLS's bound at the sum's σ², B², d', n_min = the client's
+floor, τ at n_max; Zhu & Wang's general Poisson-subsampling bound; replace-one through the zero-out
+neighbour), T releases, paid at the run's first release as :class:`~privacy.mechanisms.GroupShare` pays
+(σ_m, q_m, T). Every later release of the run must come from a sum whose parameters give the same step
+(the client finds the step it paid for in its ledger, or refuses), and at most T releases are made.
+
 **The float-noise paths (issue 39, item 3): kept, with the report's line.** DP-SGD (Opacus) and
 ``update`` mode without secure sums still add float Gaussian noise, and the report keeps "floating-
 point attacks on the Gaussian sampler are not countered" for them. Snapping (Mironov, CCS 2012)
@@ -53,12 +63,14 @@ from typing import ClassVar
 import numpy as np
 
 from privacy.distributed_discrete_gaussian import DDGParameters, encode, gaussian_equivalent_multiplier
-from privacy.ledger import DDG_MODE
+from privacy.exceptions import PrivacyBudgetExhausted
+from privacy.ledger import DDG_MODE, GROUP_DDG_MODE, PrivacyLedger, RunPlan
 from privacy.mechanisms.base import LocalWork, Mechanism, Release, Upload
 from privacy.mechanisms.gaussian import CLIPPED, UPDATE_NORM
+from privacy.poisson_rdp import DDGPoissonStep
 from privacy.randomness import NoiseSource
 
-__all__ = ["DDGSum", "SecureDiscreteGaussianShare"]
+__all__ = ["DDGSum", "GroupDiscreteGaussianShare", "SecureDiscreteGaussianShare"]
 
 
 @dataclass(frozen=True)
@@ -120,17 +132,7 @@ class SecureDiscreteGaussianShare(Mechanism):
 
     def run(self, work: LocalWork, release: Release, noise: NoiseSource) -> Upload:
         """Plain local training; the update leaves as one integer vector (x̃ + z) mod 2^b of length d'."""
-        if not self.ddg.rotation_seed:
-            raise ValueError("a distributed discrete Gaussian share needs the rotation seed its sum's members agreed")
-
-        def privatize(received: list[np.ndarray], trained: list[np.ndarray]) -> tuple[list[np.ndarray],
-                                                                                          dict[str, float]]:
-            update = np.concatenate([(np.asarray(t, np.float64) - np.asarray(r, np.float64)).ravel()
-                                     for t, r in zip(trained, received, strict=True)])
-            encoded, diag = encode(update, self.ddg.params, self.ddg.rotation_seed, noise)
-            return [encoded], {UPDATE_NORM: diag["norm"], CLIPPED: diag["clipped"]}
-
-        return work.train(privatize)
+        return _run_share(self.ddg, work, noise)
 
     def guarantee(self) -> str:
         """Client level, exact integer noise inside a secure sum of at least r_min inputs."""
@@ -142,3 +144,107 @@ class SecureDiscreteGaussianShare(Mechanism):
                 f"(Kairouz, Liu & Steinke 2021, converted through RDP), charged as noise multiplier "
                 f"{self._charged:.6g} (the Gaussian whose RDP curve dominates it); nothing before the sum is outside "
                 "the accounting")
+
+
+def _run_share(ddg: DDGSum, work: LocalWork, noise: NoiseSource) -> Upload:
+    """Local training, then the update as (x̃ + z) mod 2^b of length d' (the module docstring's steps 1-3)."""
+    if not ddg.rotation_seed:
+        raise ValueError("a distributed discrete Gaussian share needs the rotation seed its sum's members agreed")
+
+    def privatize(received: list[np.ndarray], trained: list[np.ndarray]) -> tuple[list[np.ndarray],
+                                                                                      dict[str, float]]:
+        update = np.concatenate([(np.asarray(t, np.float64) - np.asarray(r, np.float64)).ravel()
+                                 for t, r in zip(trained, received, strict=True)])
+        encoded, diag = encode(update, ddg.params, ddg.rotation_seed, noise)
+        return [encoded], {UPDATE_NORM: diag["norm"], CLIPPED: diag["clipped"]}
+
+    return work.train(privatize)
+
+
+class GroupDiscreteGaussianShare(Mechanism):
+    """A GDPFed group member's discrete Gaussian share; the run charged once by its RDP curve (module docstring).
+
+    Parameters
+    ----------
+    clip, noise_multiplier : float
+        C_m and σ_m, the central multiplier the sum's parameters were built from (what the reply reports).
+    sample_rate : float
+        q_m, each member's sampling probability per round.
+    rounds : int
+        T, the releases the run's charge covers.
+    noise_shares : int
+        r_m: each share is N_Z(0, ⌈σ_m²C²s²/r_m⌉).
+    min_survivors : int
+        The fewest shares a released group sum holds (the client's floor, r_m for a GDPFed group).
+    ddg : DDGSum
+        The round's sum parameters (and, on the client, the rotation seed).
+    """
+
+    kind: ClassVar[str] = "group-ddg"
+    ledger_mode: ClassVar[str] = GROUP_DDG_MODE
+
+    def __init__(self, clip: float, noise_multiplier: float, *, sample_rate: float, rounds: int, noise_shares: int,
+                 min_survivors: int, ddg: DDGSum) -> None:
+        super().__init__(clip, noise_multiplier, None)
+        self.sample_rate, self.rounds, self.noise_shares, self.min_survivors = (sample_rate, rounds, noise_shares,
+                                                                                min_survivors)
+        self.ddg = ddg
+        p = ddg.params
+        self.step = DDGPoissonStep(float(p.local_sigma_sq), p.norm_bound_sq, p.padded_dim, min_survivors,
+                                   max(min_survivors, p.max_members), sample_rate, rounds)
+
+    @property
+    def workload(self) -> tuple[float, int]:
+        """(q_m, T): what the reply reports as its sample rate and steps."""
+        return self.sample_rate, self.rounds
+
+    def release(self, sigma: float, index: int = 0) -> Release:
+        """Release ``index`` of the run: the curve step (T releases) at 0, nothing up to T − 1, refused after."""
+        if index >= self.rounds:
+            raise PrivacyBudgetExhausted(
+                f"this run's group mechanism was charged for T={self.rounds} releases and this client has made "
+                f"{index}; it refuses more (a run longer than the T it declared)")
+        return Release(sigma, self.sample_rate, self.rounds, (self.step,) if index == 0 else ())
+
+    def plan(self, ledger: PrivacyLedger, run_id: int) -> Release:
+        """The group's release: the first of the run pays the curve step; later ones must be the step paid for.
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            Beyond the T releases the run paid for.
+        ValueError
+            If the run was paid for with another (σ_m, q_m, T), or this round's sum parameters give another
+            step than the one the ledger holds: the server changed the group's mechanism mid-run.
+        """
+        run = ledger.run(run_id)
+        paid = RunPlan(cap=float("inf"), noise_multiplier=self.noise_multiplier, kind=self.kind,
+                       rounds=self.rounds, sample_rate=self.sample_rate)
+        index = ledger.releases_in_run(run_id)
+        if run is None:
+            ledger.open_run(run_id, paid)
+        elif (run.kind, run.noise_multiplier, run.sample_rate, run.rounds) != (
+                paid.kind, paid.noise_multiplier, paid.sample_rate, paid.rounds):
+            raise ValueError(
+                f"this run's group mechanism was paid for as (sigma={run.noise_multiplier:g}, q={run.sample_rate:g}, "
+                f"T={run.rounds}); the server now asks for (sigma={self.noise_multiplier:g}, q={self.sample_rate:g}, "
+                f"T={self.rounds}): refused")
+        elif index > 0 and not any(h.key == self.step.key for h in ledger.curves):
+            raise ValueError(f"this round's sum gives the step {self.step.describe()}, which this run did not pay "
+                             "for (the server changed the sum's parameters mid-run): refused")
+        return self.release(self.noise_multiplier, index)
+
+    def run(self, work: LocalWork, release: Release, noise: NoiseSource) -> Upload:
+        """Plain local training; the update leaves as one integer vector (x̃ + z) mod 2^b of length d'."""
+        return _run_share(self.ddg, work, noise)
+
+    def guarantee(self) -> str:
+        """Client level, exact integer noise inside its group's secure sum, the run charged once by its RDP curve."""
+        p = self.ddg.params
+        return (f"its clipped update, scaled, randomly rotated and rounded to integers of norm <= B exactly, with a "
+                f"discrete Gaussian share N_Z(0, sigma^2 = {float(p.local_sigma_sq):.6g}) drawn exactly (its own "
+                f"CSPRNG), released only inside its group's secure sum (SecAgg+) mod 2^{p.bits} of "
+                f"{self.noise_shares} inputs; the group's run (q_m={self.sample_rate:g}, T={self.rounds}) is charged "
+                "once by Kairouz, Liu & Steinke's RDP bound amplified by Poisson sampling (Zhu & Wang 2019, Thm. 6; "
+                "replace-one through the zero-out neighbour), converted through RDP, and the client makes at most "
+                f"{self.rounds} releases in it")

@@ -177,3 +177,51 @@ def test_the_rotation_seed_is_every_members_keys_in_any_order():
     assert seed != rotation_seed(digest, nodes, names, [b"k3", b"k1", b"kX"], pk2s)  # a member's fresh key
     assert seed != rotation_seed(_params(sum_id="run-1-1").digest(), nodes, names, pk1s, pk2s)  # another sum
     assert len(seed) == 32
+
+
+# ------------------------------------------------------------------ a GDPFed group's run (curve step)
+def _group_share(sigma: float = 2.0, rounds: int = 3, shares: int = 4, rate: float = 0.25):
+    from privacy.mechanisms import GroupDiscreteGaussianShare
+
+    params = ddg.ddg_parameters(clip=1.0, dim=1000, bits=20, noise_multiplier=sigma, noise_shares=shares,
+                                max_members=shares)
+    return GroupDiscreteGaussianShare(1.0, sigma, sample_rate=rate, rounds=rounds, noise_shares=shares,
+                                      min_survivors=shares, ddg=DDGSum(params, b"seed"))
+
+
+def test_a_group_share_pays_its_run_once_by_the_curve_step_and_refuses_more_releases():
+    from privacy.exceptions import PrivacyBudgetExhausted
+    from privacy.ledger import GROUP_DDG_MODE
+    from privacy.poisson_rdp import DDGPoissonStep
+
+    share = _group_share()
+    p = share.ddg.params
+    assert share.step == DDGPoissonStep(float(p.local_sigma_sq), p.norm_bound_sq, p.padded_dim, 4, 4, 0.25, 3)
+    ledger = PrivacyLedger(epsilon_budget=50.0, delta=1e-5, accountant="prv")
+    for index in range(3):
+        release = share.plan(ledger, run_id=7)
+        assert release.charges == ((share.step,) if index == 0 else ())
+        assert (release.noise_multiplier, release.sample_rate, release.steps) == (2.0, 0.25, 3)
+        ledger.record_release(release.charges, server_round=index + 1, run_id=7, mode=GROUP_DDG_MODE)
+    assert ledger.curves == [share.step] and not ledger.history
+    assert ledger.spent() == pytest.approx(epsilon_of([share.step], 1e-5), rel=1e-12)
+    with pytest.raises(PrivacyBudgetExhausted, match="T=3"):
+        share.plan(ledger, run_id=7)
+
+
+def test_a_group_share_refuses_a_sum_changed_mid_run():
+    """A server that shrinks the sum's noise after the run was paid for is refused, whatever σ_m it reports."""
+    ledger = PrivacyLedger(epsilon_budget=50.0, delta=1e-5)
+    first = _group_share()
+    ledger.record_release(first.plan(ledger, run_id=1).charges, server_round=1, run_id=1, mode="group-ddg")
+    changed = _group_share()
+    thinner = ddg.DDGParameters(**{**changed.ddg.params.__dict__, "local_sigma_sq": Fraction(1, 1)})
+    from privacy.mechanisms import GroupDiscreteGaussianShare
+
+    tampered = GroupDiscreteGaussianShare(1.0, 2.0, sample_rate=0.25, rounds=3, noise_shares=4, min_survivors=4,
+                                          ddg=DDGSum(thinner, b"seed"))
+    with pytest.raises(ValueError, match="did not pay for"):
+        tampered.plan(ledger, run_id=1)
+    with pytest.raises(ValueError, match="paid for as"):
+        _group_share(sigma=1.0).plan(ledger, run_id=1)
+    assert len(ledger.rounds) == 1

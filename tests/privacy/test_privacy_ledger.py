@@ -260,7 +260,7 @@ def test_malformed_json_text(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("schema_version", 4, "schema_version"),
+        ("schema_version", 5, "schema_version"),
         ("kind", "something-else", "kind"),
         ("epsilon_budget", -1.0, "epsilon_budget"),
         ("epsilon_budget", "3", "epsilon_budget"),

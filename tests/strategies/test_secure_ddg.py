@@ -262,8 +262,6 @@ def test_members_refuse_a_discrete_gaussian_other_than_their_inputs_give(run_con
 
 @pytest.mark.parametrize("overrides, key", [
     ({"accountant": "prv"}, "accountant"),
-    ({"strategy": "gdpfed", "gdpfed.group-epsilons": "20", "gdpfed.q": 1.0},
-     "secure-aggregation"),
     ({"secagg.bits": 33}, "secagg.bits"),
     ({"secagg.beta": 1.0}, "secagg.beta"),
     ({"secagg.wrap-probability": 0.0}, "secagg.wrap-probability"),
