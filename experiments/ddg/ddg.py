@@ -351,7 +351,7 @@ def _gdpfed_report(records: list[dict[str, Any]]) -> list[str]:
             continue
         plan = xs[0]["plan"]
         ratio = {b: max(x["spent_over_budget"].get(b, 0.0) for x in xs) for b in xs[0]["spent_over_budget"]}
-        bits_cell = f"{xs[0]['bits']}" if xs[0]["mode"] == "secagg+ddg" else "24 (quantiser)"
+        bits_cell = f"{xs[0]['bits']}" if xs[0]["mode"] == "secagg+ddg" else f"{xs[0]['bits']} (quantiser)"
         lines.append(
             f"| {label} | {xs[0]['accountant']} | {bits_cell} | {', '.join(f'{s:.3f}' for s in plan['sigmas'])} | "
             f"{', '.join(str(r) for r in plan['counts'])} | {', '.join(str(x['seed']) for x in xs)} | "
