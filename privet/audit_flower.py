@@ -28,7 +28,11 @@ ledgers as they stand after the run (read from the nodes' state):
     it where that explains the upload.
 ``final-model`` (black-box)
     Only the released global model (``model.npz``): the score is ⟨final − initial model, u⟩/C,
-    with everyone else's noise and training in it. No replay is attempted here.
+    with everyone else's noise and training in it. Where ``noise-source = "seeded"`` the server also
+    regenerates every client's noise, weighted as in FedAvg's mean (n_k / Σ n, public), and removes it
+    where that explains the change.
+
+Memory: one observation vector per canary (K × the model's size in float64): small models.
 
 The statistics are :func:`privacy.mechanism_audit.assess` (Steinke et al.'s one-run bound, the
 threshold tests, Andrew et al.'s one-shot cosines), as the in-process audit's. Audited: client-level
@@ -78,7 +82,8 @@ RUN_ID: Final = 1
 VIEW_OBSERVES: Final[dict[str, str]] = {
     "upload": "every train reply of each canary client as the server's strategy receives it (white-box: "
               "the directions, the global model sent, and with noise-source = seeded the run seed)",
-    "final-model": "only the released global model, its change from the initial model (black-box)",
+    "final-model": "only the released global model, its change from the initial model (black-box; with "
+                   "noise-source = seeded also every client's regenerated noise, weighted as FedAvg's mean)",
 }
 
 log = logging.getLogger("privet.audit")
@@ -232,14 +237,15 @@ class FlowerAuditReport:
 
 
 # --------------------------------------------------------------------------- the grid
-@dataclass
-class _Sent:
-    """One train round of one canary as the server saw it."""
+@dataclass(frozen=True)
+class _Reply:
+    """One accepted train reply of any client, as far as a black-box attack on the released model uses it."""
 
     server_round: int
-    model: list[np.ndarray]  # the global model the server sent
-    upload: list[np.ndarray]  # what the canary's reply carried
+    partition_id: int
+    num_examples: float
     noise_multiplier: float
+    like: tuple[tuple[tuple[int, ...], str], ...]  # the upload's layer shapes and dtypes
 
 
 def _over_the_wire(msg: Message) -> Message:
@@ -260,11 +266,16 @@ class _AuditGrid(InProcessGrid):
     """
 
     def __init__(self, client_app: ClientApp, node_configs: Sequence[dict[str, Any]], run_config: dict[str, Any],
-                 first_canary: int) -> None:
+                 plan: _Plan) -> None:
         super().__init__(client_app, node_configs, run_config, run_id=RUN_ID)
-        self.canary_nodes = list(self.contexts)[first_canary:]  # node ids follow the node configs' order
-        self.sent: dict[int, list[_Sent]] = {node: [] for node in self.canary_nodes}
+        self.plan = plan
+        self.canary_nodes = list(self.contexts)[plan.real_clients:]  # node ids follow the node configs' order
+        #: per canary, Σ_rounds (upload − global model sent), the seeded noise removed where the server can
+        self.observed: dict[int, np.ndarray | None] = {node: None for node in self.canary_nodes}
+        self.sigmas: list[float] = []  # σ of every canary upload
         self.initial: list[np.ndarray] | None = None
+        self.replies: list[_Reply] = []
+        self.format_error: str | None = None
 
     def _call(self, msg: Message) -> Message:
         reply = _over_the_wire(super()._call(_over_the_wire(msg)))
@@ -276,12 +287,34 @@ class _AuditGrid(InProcessGrid):
         if self.initial is None and server_round == 1:
             self.initial = [np.array(w) for w in model]
         node = msg.metadata.dst_node_id
-        if node in self.sent and not reply.has_error() and keys.ARRAYS in reply.content.array_records:
-            metrics = reply.content.metric_records.get(keys.METRICS)
-            sigma = _number(metrics.get(keys.NOISE_MULTIPLIER) if metrics is not None else None, math.nan)
-            upload = reply.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
-            self.sent[node].append(_Sent(server_round, model, upload, sigma))
+        if reply.has_error() or keys.ARRAYS not in reply.content.array_records:
+            return reply
+        metrics = reply.content.metric_records.get(keys.METRICS)
+        sigma = _number(metrics.get(keys.NOISE_MULTIPLIER) if metrics is not None else None, math.nan)
+        upload = reply.content.array_records[keys.ARRAYS].to_numpy_ndarrays()
+        n = _number(metrics.get(keys.NUM_EXAMPLES) if metrics is not None else None, math.nan)
+        partition = int(_number(self.contexts[node].node_config.get(keys.NODE_PARTITION_ID), -1.0))
+        like = tuple((np.shape(u), str(np.asarray(u).dtype)) for u in upload)
+        self.replies.append(_Reply(server_round, partition, n, sigma, like))
+        if node in self.observed:
+            self._observe(node, server_round, partition, model, upload, sigma, like)
         return reply
+
+    def _observe(self, node: int, server_round: int, partition: int, model: list[np.ndarray],
+                 upload: list[np.ndarray], sigma: float, like: tuple[tuple[tuple[int, ...], str], ...]) -> None:
+        """Add one canary upload to its white-box observation."""
+        if [np.shape(u) for u in upload] != [np.shape(w) for w in model]:
+            self.format_error = (f"--runtime flower scores uploads of the whole model; a canary's round {server_round} "
+                                 f"upload has layers {[np.shape(u) for u in upload]} (another upload format): use "
+                                 "the in-process games")
+            return
+        seen = _flat(upload) - _flat(model)
+        if self.plan.noise_source == "seeded":  # the server regenerates the noise where that explains the upload
+            residual = seen - _replayed(self.plan, partition, server_round, sigma, like)
+            seen = residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+        previous = self.observed[node]
+        self.observed[node] = seen if previous is None else previous + seen
+        self.sigmas.append(sigma)
 
 
 # --------------------------------------------------------------------------- the audit
@@ -364,14 +397,31 @@ def _flat(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
-def _replayed(plan: _Plan, partition_id: int, sent: _Sent) -> np.ndarray:
-    """The canary's noise of one round as a server that knows the run seed regenerates it (σ is public)."""
+def _replayed(plan: _Plan, partition_id: int, server_round: int, sigma: float,
+              like: Sequence[tuple[tuple[int, ...], str]]) -> np.ndarray:
+    """A client's noise of one round as a server that knows the run seed regenerates it (σ is public)."""
     from client.seeds import client_seed
     from privacy.randomness import noise_source
 
-    replay = noise_source("seeded", client_seed(plan.run_seed, partition_id, sent.server_round))
-    std = sent.noise_multiplier * plan.clip / math.sqrt(plan.noise_shares)
-    return _flat(gaussian_noise_like([np.asarray(u) for u in sent.upload], std, replay))
+    replay = noise_source("seeded", client_seed(plan.run_seed, partition_id, server_round))
+    std = sigma * plan.clip / math.sqrt(plan.noise_shares)
+    return _flat(gaussian_noise_like([np.zeros(shape, dtype=dtype) for shape, dtype in like], std, replay))
+
+
+def _replayed_mean(plan: _Plan, replies: Sequence[_Reply]) -> np.ndarray:
+    """Every client's regenerated noise in the rounds' FedAvg means Σ_t Σ_k (n_k / Σ n) z_k,t (n_k is public).
+
+    Right only where the strategy's aggregate is that mean; the caller uses it only where it explains the
+    released model's change.
+    """
+    total: np.ndarray | None = None
+    for t in sorted({r.server_round for r in replies}):
+        members = [r for r in replies if r.server_round == t]
+        count = sum(r.num_examples for r in members)
+        for r in members:
+            part = r.num_examples / count * _replayed(plan, r.partition_id, t, r.noise_multiplier, r.like)
+            total = part if total is None else total + part
+    return np.zeros(0) if total is None else total
 
 
 def _ledger(grid: InProcessGrid, node: int) -> PrivacyLedger:
@@ -453,7 +503,7 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
         node_configs = [*simulation_node_configs(plan.real_clients), *_canary_configs(plan, secrets, seeds, ledgers)]
         results = Path(out) if out is not None else Path(scratch) / "run"
         run_config = {**run_config, "out-dir": str(results)}
-        grid = _AuditGrid(client_app, node_configs, run_config, first_canary=plan.real_clients)
+        grid = _AuditGrid(client_app, node_configs, run_config, plan)
         started = time.perf_counter()
         quiet = [logging.getLogger(name) for name in ("flwr", "privet")]  # a line per canary round is noise here
         levels = [logger.level for logger in quiet]
@@ -488,34 +538,33 @@ def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarra
     from client.work import canary_direction
 
     assert grid.initial is not None
+    if grid.format_error:
+        from privet.run_config import CliError
+
+        raise CliError(grid.format_error)
     canary_nodes = grid.canary_nodes
     shapes = [np.shape(w) for w in grid.initial]
-    directions = np.stack([_flat(canary_direction(int(s), shapes)) for s in seeds])
     ledgers = [_ledger(grid, node) for node in canary_nodes]
     charged = max({tuple(led.history): led for led in ledgers}.values(), key=lambda led: (led.spent(),
                                                                                             len(led.history)))
-    observed = np.zeros_like(directions)
-    sigmas: list[float] = []
-    uploads = 0
-    for j, node in enumerate(canary_nodes):
-        for sent in grid.sent[node]:
-            if [np.shape(u) for u in sent.upload] != [np.shape(w) for w in sent.model]:
-                from privet.run_config import CliError
-
-                raise CliError(f"--runtime flower scores uploads of the whole model; canary {j}'s round "
-                               f"{sent.server_round} upload has layers {[np.shape(u) for u in sent.upload]} "
-                               "(another upload format): use the in-process games")
-            seen = _flat(sent.upload) - _flat(sent.model)
-            if plan.noise_source == "seeded":  # the server regenerates the noise where it can
-                residual = seen - _replayed(plan, plan.real_clients + j, sent)
-                seen = residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
-            observed[j] += seen
-            sigmas.append(sent.noise_multiplier)
-            uploads += 1
     change = _flat(final) - _flat(grid.initial)
-    views = {"upload": (np.einsum("ij,ij->i", observed, directions) / plan.clip, canary_cosines(observed, directions),
-                        uploads),
-             "final-model": (directions @ change / plan.clip, canary_cosines(change, directions), plan.rounds)}
+    if plan.noise_source == "seeded":  # every client's noise regenerated, in the FedAvg means of the rounds
+        residual = change - _replayed_mean(plan, grid.replies)
+        change = residual if residual.shape == change.shape and np.linalg.norm(residual) < np.linalg.norm(change) \
+            else change
+    k = len(canary_nodes)
+    upload_scores, upload_cosines, final_scores, final_cosines = (np.zeros(k) for _ in range(4))
+    for j, node in enumerate(canary_nodes):  # one direction at a time: memory is the K observations
+        u = _flat(canary_direction(int(seeds[j]), shapes))
+        seen = grid.observed[node]
+        if seen is not None:
+            upload_scores[j] = seen @ u / plan.clip
+            (upload_cosines[j],) = canary_cosines(seen, u[None, :])
+        final_scores[j] = change @ u / plan.clip
+        (final_cosines[j],) = canary_cosines(change, u[None, :])
+    views = {"upload": (upload_scores, upload_cosines, len(grid.sigmas)),
+             "final-model": (final_scores, final_cosines, plan.rounds)}
+    sigmas = grid.sigmas
     releases = max(led.releases_in_run(RUN_ID) for led in ledgers)
     audits = []
     for view, (scores, cosines, count) in views.items():

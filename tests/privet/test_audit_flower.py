@@ -192,13 +192,15 @@ def test_noise_at_half_sigma_is_flagged_through_the_real_run(monkeypatch):
 
 @pytest.mark.slow
 def test_seeded_noise_with_the_server_knowing_the_seed_is_flagged_with_exit_status_1(tmp_path, capsys):
-    """noise-source = seeded: the server regenerates each canary's noise from the run seed and removes it."""
+    """noise-source = seeded: the server regenerates each client's noise from the run seed and removes it, from
+    each canary's upload (white-box) and from the released model's FedAvg means (black-box): both views flag."""
     out = tmp_path / "audit"
     sets = [arg for s in [*SMALL, "noise-source=seeded"] for arg in ("--set", s)]
     rc = main(["audit", *sets, "--runtime", "flower", "--canaries", "300", "--seed", "13", "--out", str(out)])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("privet")]
     record = json.loads((out / "audit.json").read_text())
-    upload = {a["view"]: a for a in record["audits"]}["upload"]
-    assert rc == 1 and upload["flagged"] and upload["noise_source"] == "seeded"
-    assert f"privet: audit: {upload['line']}" in err
-    assert all(line.startswith("privet: audit: FLAGGED update (") for line in err)
+    views = {a["view"]: a for a in record["audits"]}
+    assert rc == 1 and views["upload"]["flagged"] and views["upload"]["noise_source"] == "seeded"
+    assert views["final-model"]["flagged"], views["final-model"]["line"]
+    assert err == [f"privet: audit: {views[v]['line']}" for v in ("upload", "final-model")]
+    assert err[1].startswith("privet: audit: FLAGGED update (final-model):")
