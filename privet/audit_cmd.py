@@ -197,7 +197,7 @@ class AuditReport:
 # --------------------------------------------------------------------------- the audit
 def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Path | None = None,
           client: int = 0, canaries: int = DEFAULT_CANARIES, confidence: float = DEFAULT_CONFIDENCE,
-          extension: int = DEFAULT_EXTENSION, seed: int | None = None,
+          extension: int = DEFAULT_EXTENSION, seed: int | None = None, games: Sequence[str] = (),
           mechanism_hook: MechanismHook | None = None) -> AuditReport:
     """Audit the mechanisms of a run config (module docstring); writes its results into ``out`` if given.
 
@@ -220,6 +220,9 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
         The server asks for ``extension`` times the declared T rounds (>= 1).
     seed : int, optional
         The auditor's own randomness (secrets, directions, sampling coins); never the clients' noise.
+    games : sequence of str, optional
+        Registered games to run instead of the mechanism's default (:data:`privet.audit_games.GAMES`),
+        e.g. ``["dpsgd", "dpsgd-steps"]``; each must audit the config's client mechanism.
     mechanism_hook : callable, optional
         **Tests only**: wraps the mechanism of every client round, to check that a broken one is caught.
 
@@ -242,7 +245,7 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
         check_out_dir(Path(out))
     try:
         setup = audit_setup(run_config, client)
-        chosen, skipped = select(setup)
+        chosen, skipped = select(setup, games)
     except AuditConfigError as exc:
         raise CliError(str(exc)) from None
     refusal = audit_merge_refusal(out, setup.cfg) if out is not None else None
@@ -320,6 +323,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--extension", type=int, default=DEFAULT_EXTENSION,
                         help=f"the server asks for this many times the declared rounds (default {DEFAULT_EXTENSION})")
     parser.add_argument("--seed", type=int, help="the auditor's own randomness (never the clients' noise)")
+    parser.add_argument("--game", action="append", metavar="NAME",
+                        help="run this registered game instead of the mechanism's default (repeatable), e.g. "
+                             "dpsgd-steps: every DP-SGD step's noisy sum, white-box")
     parser.add_argument("--runtime", choices=("games", "flower"), default="games",
                         help="games: each mechanism's canary game in this process (default); flower: canary clients "
                              "inside a real run of the configured strategy (privet/audit_flower.py)")
@@ -340,7 +346,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return cmd_audit_flower(args)
     try:
         report = audit(args.config, args.set or [], out=args.out, client=args.client, canaries=args.canaries,
-                       confidence=args.confidence, extension=args.extension, seed=args.seed)
+                       confidence=args.confidence, extension=args.extension, seed=args.seed,
+                       games=args.game or ())
     except CliError as exc:
         print(f"privet: error: {exc}", file=sys.stderr)
         return 2

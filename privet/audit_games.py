@@ -39,8 +39,10 @@ smaller than the upload). With privet's default ``csprng`` the replay explains n
 **Adding a game.** Write it in its own module (e.g. ``privet/audit_centroids.py``): a function
 with :class:`Play`'s signature returning a :class:`Played`, and a module-level ``Game`` naming
 the mechanism kind it audits; then add one line to :data:`GAMES` (``"name": "module:ATTRIBUTE"``).
-The registry is read lazily, so your module may import this one. :func:`select` then picks your
-game for every run config whose client mechanism has that kind.
+The registry is read lazily, so your module may import this one. The first game registered for a
+kind is that kind's **default**: :func:`select` picks it for every run config whose client
+mechanism has that kind. A later game of the same kind (a stronger, white-box view such as
+``dpsgd-steps``) runs when named: ``privet audit --game NAME`` (``audit(..., games=[NAME])``).
 """
 
 from __future__ import annotations
@@ -415,13 +417,15 @@ DPSGD: Final = Game("dpsgd", "dpsgd", "record",
                     _record_level)
 
 #: **The registry**: a game's name -> where its :class:`Game` lives, ``"module:ATTRIBUTE"``, imported on
-#: first use (so a game's own module may import this one). One game per mechanism kind. To add a
-#: game, define it in its own module and add its one line here (module docstring, "Adding a game").
+#: first use (so a game's own module may import this one). The first game of a mechanism kind is its
+#: default; later ones run when named (``--game``). To add a game, define it in its own module and add
+#: its one line here (module docstring, "Adding a game").
 GAMES: Final[dict[str, str]] = {
     "update": "privet.audit_games:UPDATE",
     "secure-sum": "privet.audit_games:SECURE_SUM",
     "group-sum": "privet.audit_games:GROUP_SUM",
     "dpsgd": "privet.audit_games:DPSGD",
+    "dpsgd-steps": "privet.audit_dpsgd_steps:DPSGD_STEPS",
     "centroids": "privet.audit_centroids:CENTROIDS",
     "ddg-sum": "privet.audit_ddg:DDG_SUM",
 }
@@ -452,18 +456,34 @@ def games() -> list[Game]:
 
 
 def game_for(kind: str) -> Game | None:
-    """The registered game that audits mechanisms of ``kind`` (None: none yet)."""
+    """The default game for mechanisms of ``kind``: the first registered (None: none yet)."""
     return next((g for g in games() if g.mechanism == kind), None)
 
 
-def select(setup: AuditSetup) -> tuple[list[Game], list[str]]:
+def select(setup: AuditSetup, names: Sequence[str] = ()) -> tuple[list[Game], list[str]]:
     """The games the config's mechanisms call for, and what is not audited (with why).
 
     The audited client's mechanism kind (:func:`privet.audit_setup.mechanism_kind`) picks its
-    registered game; the second list says why nothing (or part of the run) is not audited.
+    default game, or ``names`` picks registered games of that kind; the second list says why
+    nothing (or part of the run) is not audited.
+
+    Raises
+    ------
+    AuditConfigError
+        For a name that is not registered, or a game of another mechanism kind (the line names
+        the games that do apply).
     """
     cfg, train = setup.cfg, setup.train
     kind = mechanism_kind(setup)
+    if names:
+        fitting = [g.name for g in games() if g.mechanism == kind]
+        chosen = []
+        for name in dict.fromkeys(names):
+            if name not in GAMES or game(name).mechanism != kind:
+                raise AuditConfigError(f"--game {name!r} does not audit this config's client mechanism ({kind}); "
+                                       f"one of: {', '.join(fitting) or 'none registered'}")
+            chosen.append(game(name))
+        return chosen, []
     found = game_for(kind)
     if found is None:
         from privacy.mechanisms import CentroidRelease, NoPrivacy, SecureDiscreteGaussianShare

@@ -1,8 +1,9 @@
-"""The audit games' registry (privet/audit_games.py): a game's name -> its Game, one game per mechanism kind.
+"""The audit games' registry (privet/audit_games.py): a game's name -> its Game; a kind's first game is its default.
 
 What another engineer relies on when adding a game in its own module with one line in
-``GAMES``: every registered entry resolves to a Game of that name, kinds are not shared, a
-config whose mechanism kind has a game selects it, and one without says so.
+``GAMES``: every registered entry resolves to a Game of that name, a config whose mechanism
+kind has a game selects that kind's first one, ``--game`` selects another of the same kind and
+refuses one of another kind, and a kind without a game says so.
 """
 
 from __future__ import annotations
@@ -30,18 +31,19 @@ def _fake_play(setup, *, canaries, extension, rng, hook):
 
 #: A stand-in registered for the update kind in one test (module-level, as a game module's would be).
 FAKE = Game("fake-update", "update", "client", "nothing (a registry test)", _fake_play)
+FAKE_2 = Game("fake-update-2", "update", "client", "nothing either (a second game of the kind)", _fake_play)
 
 
-def test_every_registered_game_resolves_and_audits_a_distinct_known_mechanism_kind():
+def test_every_registered_game_resolves_and_audits_a_known_mechanism_kind():
     found = games()
     assert [g.name for g in found] == list(GAMES)
     assert all(isinstance(g, Game) for g in found)
     kinds = [g.mechanism for g in found]
-    assert len(set(kinds)) == len(kinds)
     assert set(kinds) <= set(MECHANISMS)
     assert {g.level for g in found} <= {"client", "record"}
-    for g in found:
-        assert game_for(g.mechanism) is g
+    for g in found:  # a kind's default is its first registered game
+        assert game_for(g.mechanism) is next(f for f in found if f.mechanism == g.mechanism)
+    assert game_for("dpsgd").name == "dpsgd" and game("dpsgd-steps").mechanism == "dpsgd"
 
 
 def test_an_unknown_name_is_refused_naming_the_registered_ones():
@@ -77,3 +79,20 @@ def test_played_of_names_the_missing_figures():
     with pytest.raises(KeyError, match="clip"):
         Played.of(obs, {"mechanism": "update", "accountant": "prv", "noise_multiplier": 1.0, "sample_rate": 1.0,
                         "steps": 1, "rounds_requested": 1, "releases_per_canary": 1})
+
+
+def test_game_names_a_later_game_of_the_kind_and_refuses_one_of_another_kind(monkeypatch, capsys):
+    from privet.cli import main
+    from privet.run_config import CliError
+
+    monkeypatch.setattr(audit_games, "GAMES", {"fake-update": f"{__name__}:FAKE", "fake-update-2": f"{__name__}:FAKE_2",
+                                               "dpsgd-steps": "privet.audit_dpsgd_steps:DPSGD_STEPS"})
+    sets = ["dp-mode=update", "num-server-rounds=1"]
+    assert [a.game for a in audit(None, sets, canaries=40, seed=0).audits] == ["fake-update"]
+    assert [a.game for a in audit(None, sets, canaries=40, seed=0, games=["fake-update-2"]).audits] == ["fake-update-2"]
+    with pytest.raises(CliError, match=r"--game 'dpsgd-steps' does not audit .*\(update\); one of: fake-update, "
+                                       r"fake-update-2"):
+        audit(None, sets, games=["dpsgd-steps"])
+    assert main(["audit", "--set", "dp-mode=update", "--game", "no-such-game"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--game 'no-such-game'" in err[0], err
