@@ -32,14 +32,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -56,12 +59,23 @@ def run_sets(n: int, sampled: int, rounds: int) -> dict[str, int | float | str]:
             "max-examples-per-client": 10, "batch-size": 10, "min-train-clients": sampled}
 
 
-def run_once(n: int, rounds: int, backend: str, sampled: int) -> dict[str, float]:
-    """One ``privet run`` at N = n with ``sampled`` clients per round, its process tree watched."""
-    from proc_tree import TreeWatch
+def run_once(n: int, rounds: int, backend: str, sampled: int, regime: str = "fixed",
+             deadline: float | None = None) -> dict[str, float]:
+    """One ``privet run`` at N = n with ``sampled`` clients per round, its process tree watched.
+
+    ``regime = "gdpfed"``: GDPFed's FMNIST run instead (``bench_gdpfed_round.regime``: q = 2 %, τ = 5
+    steps of batch 10 on ``cnn``, budgets in three groups); ``sampled`` is then ignored (q·n).
+    ``deadline`` (``time.time()``): a run still going then is stopped (its whole process tree), and
+    its figures are those of the rounds it finished (``rounds_done``, ``stopped``).
+    """
+    from proc_tree import TreeWatch, tree
 
     out = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
-    sets = run_sets(n, sampled, rounds)
+    sets: dict[str, Any] = dict(run_sets(n, sampled, rounds))
+    if regime == "gdpfed":
+        from bench_gdpfed_round import regime as gdpfed_regime
+
+        sets = gdpfed_regime(n, rounds)
     cmd = [str(PRIVET), "run", "--backend", backend, "--out", str(out / "r")]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -69,26 +83,45 @@ def run_once(n: int, rounds: int, backend: str, sampled: int) -> dict[str, float
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    stopped = False
     with TreeWatch(proc.pid, out / "r" / "rounds.jsonl", interval=0.1) as watch:
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak, not earlier runs'
+        while True:  # wait4: this child's own rusage, its peak, not earlier runs'
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG if deadline is not None else 0)
+            if pid:
+                break
+            if deadline is not None and time.time() > deadline and not stopped:
+                stopped = True
+                for member in reversed(tree(proc.pid)):  # this run's processes only, by pid
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(member, signal.SIGTERM)
+            time.sleep(1.0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
     log.close()
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not stopped:
         raise RuntimeError(f"N={n}: privet run failed\n{(out / 'log').read_text()[-3000:]}")
-    rows = [json.loads(x) for x in (out / "r" / "rounds.jsonl").read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r["round"] >= 1]
+    lines = (out / "r" / "rounds.jsonl").read_text().splitlines() if (out / "r" / "rounds.jsonl").exists() else []
+    rows = [r for r in (json.loads(x) for x in lines if x.strip()) if r["round"] >= 1]
+    if not rows:  # stopped before its first round
+        nan = float("nan")
+        return {"n": n, "rounds_done": 0, "stopped": stopped, "sampled": 0, "wall_s": wall, "handshake_s": nan,
+                "round1_s": nan, "per_round_s": nan, "per_round_cpu_s": nan,
+                "peak_pss_mb": watch.peak_memory / 2**20, "peak_rss_largest_mb": usage.ru_maxrss / 1024,
+                "row_bytes": 0}
     elapsed = [r["elapsed_seconds"] for r in rows]
     per_round = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
     cpu = watch.mark_cpu  # index 0: the initial evaluation's line; k: round k's
+    done = len(rows)
     return {
         "n": n,
+        "rounds_done": done,
+        "stopped": stopped,
         "sampled": len(rows[-1]["sampled"]),
         "wall_s": wall,
         "handshake_s": rows[0].get("handshake_seconds", float("nan")),
         "round1_s": elapsed[0],
         "per_round_s": sum(per_round) / len(per_round) if per_round else float("nan"),
-        "per_round_cpu_s": (cpu[rounds] - cpu[1]) / (rounds - 1) if len(cpu) > rounds > 1 else float("nan"),
+        "per_round_cpu_s": (cpu[done] - cpu[1]) / (done - 1) if len(cpu) > done > 1 else float("nan"),
         "peak_pss_mb": watch.peak_memory / 2**20,
         "peak_rss_largest_mb": usage.ru_maxrss / 1024,  # KiB on Linux
         "row_bytes": len(json.dumps(rows[-1])),
@@ -116,14 +149,21 @@ def render(record: dict) -> str:
     """The markdown table of a record: per N, median [min-max] over repetitions."""
     runs = record["runs"]
     reps = len(runs)
+    gdpfed = record.get("regime") == "gdpfed"
+    workload = ("GDPFed's FMNIST regime (`strategy = \"gdpfed\"`): 10 examples per client, q = 2 % sampled per "
+                "round, τ = 5 local steps of batch 10 on `cnn`, each update clipped to C = 1.5 and noised with its "
+                "group's share" if gdpfed else
+                f"Model `cnn2`, 10 examples per client, {record['sampled']} clients sampled per round at every N, "
+                "DP-SGD batch 10")
     lines = [
         "# Cost versus the number of clients",
         "",
         f"`python benchmarks/bench_scale.py --sizes {' '.join(str(r['n']) for r in runs[0])} --rounds "
-        f"{record['rounds']} --sampled {record['sampled']} --backend {record['backend']} --reps {reps}` on "
-        f"{record['date']}, {record['cpus']} CPUs, load average {record['load_start']:.1f} at the start and "
-        f"{record['load_end']:.1f} at the end. Model `cnn2`, 10 examples per client, {record['sampled']} clients "
-        f"sampled per round at every N, DP-SGD batch 10, backend `{record['backend']}`; "
+        f"{record['rounds']}{' --regime gdpfed' if gdpfed else ' --sampled ' + str(record['sampled'])} "
+        f"--backend {record['backend']} --reps {reps}` on "
+        f"{record['date']}{', commit ' + record['commit'] if record.get('commit') else ''}, {record['cpus']} CPUs, "
+        f"load average {record['load_start']:.1f} at the start and {record['load_end']:.1f} at the end. "
+        f"{workload}, backend `{record['backend']}`; "
         f"{reps} interleaved repetition{'s' if reps > 1 else ''}"
         f"{' (median [min-max]; ratios within each repetition)' if reps > 1 else ''}.",
         "",
@@ -144,6 +184,11 @@ def render(record: dict) -> str:
             f" | {_cell([r['peak_rss_largest_mb'] for r in per_n], '.0f')} | {first['row_bytes']:,} | "
             f"{_cell([r['wall_s'] for r in per_n], '.0f')} |"
         )
+    for first in runs[0]:
+        if first.get("stopped"):
+            lines += ["", f"**Not finished**: the run at N = {first['n']:,} was stopped at the deadline after "
+                      f"{first['rounds_done']} of {record['rounds']} rounds; its figures are those rounds', and "
+                      "\"whole run\" is the time until it was stopped."]
     lines += ["", "Memory is this N's run alone: the peak over the run of the summed PSS of its process tree "
               "(sampled every 0.5 s; in Ray simulation the raylet, GCS and every worker), and the peak RSS of the "
               "`privet run` process (in Ray simulation the driver side only). CPU per round: the whole tree's "
@@ -194,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sampled", type=int, default=20, help="clients per round, the same at every N")
     p.add_argument("--backend", choices=("inprocess", "simulation"), default="inprocess")
+    p.add_argument("--regime", choices=("fixed", "gdpfed"), default="fixed",
+                   help="fixed: --sampled clients of cnn2, one DP-SGD step; gdpfed: GDPFed's FMNIST run (q = 2 %%)")
+    p.add_argument("--deadline", metavar="HH:MM", help="UTC time at which a run still going is stopped and "
+                   "recorded with the rounds it finished")
     p.add_argument("--reps", type=int, default=1, help="repetitions, the sizes interleaved (median [min-max])")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.md",
                    help="the markdown table; the numbers also go beside it as JSON (same name, .json)")
@@ -208,14 +257,23 @@ def main(argv: list[str] | None = None) -> int:
         args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
         return 0
     load_start = os.getloadavg()[0]
+    deadline = None
+    if args.deadline:
+        from datetime import UTC, datetime
+
+        hour, minute = (int(x) for x in args.deadline.split(":"))
+        deadline = datetime.now(UTC).replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
     runs: list[list[dict[str, float]]] = []
     for _ in range(args.reps):
         runs.append([])
         for n in args.sizes:
-            runs[-1].append(run_once(n, args.rounds, args.backend, args.sampled))
+            runs[-1].append(run_once(n, args.rounds, args.backend, args.sampled, args.regime, deadline))
             print(json.dumps(runs[-1][-1]), flush=True)
-    record = {"backend": args.backend, "sampled": args.sampled, "rounds": args.rounds,
-              **machine(load_start), "results": summarise(runs), "runs": runs}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    record = {"backend": args.backend, "regime": args.regime,
+              "sampled": runs[0][0]["sampled"] if args.regime == "gdpfed" else args.sampled, "rounds": args.rounds,
+              "commit": commit, **machine(load_start), "results": summarise(runs), "runs": runs}
     write(args.out, record, render)
     return 0
 

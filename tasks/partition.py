@@ -280,6 +280,15 @@ def partition_indices(
     return np.asarray(part[INDEX_COLUMN].to_numpy(), dtype=np.int64)
 
 
+def _pool_labels(splits: DatasetSplits, pool: np.ndarray) -> np.ndarray:
+    """The labels of the pool: the training labels themselves when the pool is all of them (the shared,
+    read-only array, whose fingerprint :func:`labels_fingerprint` remembers), else a copy (hashed per call).
+    """
+    if len(pool) == len(splits.train.y):  # training_pool's "test": every index, in order
+        return splits.train.y
+    return splits.train.y[pool]
+
+
 def client_data(
     splits: DatasetSplits,
     partition_id: int,
@@ -316,7 +325,7 @@ def client_data(
         raise ValueError(f"max_examples must be an int >= 0 (0 = no limit); found {max_examples!r}")
     pool = training_pool(splits, evaluation_split)
     indices = partition_indices(
-        splits.train.y[pool],
+        _pool_labels(splits, pool),
         num_partitions,
         partition_id,
         method=method,
@@ -334,7 +343,7 @@ def client_size(splits: DatasetSplits, partition_id: int, num_partitions: int, *
                 evaluation_split: str = "test") -> int:
     """``len(client_data(...))`` without copying the examples (the budget handshake's count)."""
     pool = training_pool(splits, evaluation_split)
-    size = len(partition_indices(splits.train.y[pool], num_partitions, partition_id, method=method, alpha=alpha,
+    size = len(partition_indices(_pool_labels(splits, pool), num_partitions, partition_id, method=method, alpha=alpha,
                                  shards_per_client=shards_per_client, seed=seed))
     return min(size, max_examples) if max_examples > 0 else size
 

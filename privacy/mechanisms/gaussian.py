@@ -74,13 +74,19 @@ def l2_norm(arrays: Sequence[np.ndarray]) -> float:
     return math.hypot(*norms) if norms else 0.0
 
 
+def _square_sum(flat: np.ndarray) -> float:
+    # einsum, not ``flat @ flat``: BLAS' dot spreads a 10^4-element vector over its threads, which on a
+    # busy machine costs a millisecond of waiting per call (#38: a third of a GDPFed client's DP step)
+    return float(np.einsum("i,i->", flat, flat))
+
+
 def _array_norm(flat: np.ndarray) -> float:
     with np.errstate(over="ignore"):
-        norm = float(np.sqrt(flat @ flat))
+        norm = math.sqrt(_square_sum(flat))
     if math.isinf(norm) and np.isfinite(flat).all():  # squares overflowed: rescale
         peak = float(np.abs(flat).max())
         scaled = flat / peak
-        norm = peak * float(np.sqrt(scaled @ scaled))
+        norm = peak * math.sqrt(_square_sum(scaled))
     return norm
 
 

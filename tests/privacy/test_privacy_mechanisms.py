@@ -34,6 +34,17 @@ def test_l2_norm_is_global_norm() -> None:
     assert l2_norm([np.full(4, 1e200)]) == pytest.approx(2e200)  # no overflow in squares
 
 
+def test_l2_norm_of_a_model_sized_update_matches_an_exact_sum() -> None:
+    """At the size of the small CNN's layers (up to 16,384 entries, where BLAS would thread) the norm is the
+    correctly rounded sqrt(Σ x²) up to a few ulps (math.fsum: an exact sum of the float64 squares)."""
+    rng = np.random.default_rng(5)
+    update = [rng.standard_normal(s).astype(np.float32) for s in [(16, 1, 8, 8), (16,), (32, 16, 4, 4), (32, 512)]]
+    exact = math.sqrt(math.fsum(float(v) ** 2 for a in update for v in a.astype(np.float64).ravel()))
+    assert l2_norm(update) == pytest.approx(exact, rel=1e-13)
+    overflowing = [np.full(20_000, 1e300), np.full(3, -1e300)]
+    assert l2_norm(overflowing) == pytest.approx(1e300 * math.sqrt(20_003), rel=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
 def test_clip_bounds_norm_and_keeps_direction(dtype: type) -> None:
     rng = np.random.default_rng(1)

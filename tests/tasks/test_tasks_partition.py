@@ -191,3 +191,24 @@ def test_no_client_holds_a_validation_example(method):
         # IID hands out the whole pool; Flower's shards drop the remainder of n' / (6·2) shards
         assert n - len(held) - (0 if method == "iid" else 6 * 2) <= len(held_by_clients) <= n - len(held)
         assert not held & set(held_by_clients)
+
+
+@pytest.mark.parametrize("method", ["iid", "dirichlet", "shards"])
+def test_read_only_labels_hash_once_and_partition_as_a_writable_copy(labels: np.ndarray, method: str) -> None:
+    """A shared read-only label array (a simulation's cached dataset) is fingerprinted once over every client's
+    shard and its size (#38: each client round re-hashed a fresh copy of the 60,000 labels), and the shards
+    are those of a writable copy of the same labels, which is hashed on every call."""
+    from unittest import mock
+
+    import tasks.partition as partition
+
+    shared, copied = _toy_splits(labels), _toy_splits(labels.copy())
+    shared.train.y.flags.writeable = False  # as tasks.datasets.load_dataset leaves its cached arrays
+    assert not shared.train.y.flags.writeable and copied.train.y.flags.writeable
+    kw = {"method": method, "alpha": 0.5, "shards_per_client": 2, "seed": 4}
+    partition._cache.clear()
+    with mock.patch.object(partition.hashlib, "blake2b", wraps=partition.hashlib.blake2b) as hashed:
+        for pid in range(5):
+            np.testing.assert_array_equal(client_data(shared, pid, 5, **kw).x, client_data(copied, pid, 5, **kw).x)
+            assert partition.client_size(shared, pid, 5, **kw) == len(client_data(copied, pid, 5, **kw))
+    assert hashed.call_count == 1 + 2 * 5  # the shared labels once; the copy at each of its 10 calls
