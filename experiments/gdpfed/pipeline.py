@@ -156,6 +156,8 @@ class Setting:
     split: str = "validation"
     clip: float = 1.5
     accountant: str = "prv"
+    server_step: float = 1.0  # η_s: θ ← θ + η_s·(the round's aggregate); GDPFed+'s Σ ω_m r_m ≈ 0.5 acts as one
+    noise_scale: float = 1.0  # a diagnostic only: σ_m × this (≠ 1: not the private run the ε says)
     seed: int = 1
 
     def factors(self) -> dict[str, Any]:
@@ -266,7 +268,7 @@ def run(s: Setting, eval_every: int = 5) -> dict[str, Any]:
                     continue
                 from privacy.mechanisms import privatize_update
 
-                noisy, _ = privatize_update(update, clip=plan.clip, noise_multiplier=plan.sigmas[m],
+                noisy, _ = privatize_update(update, clip=plan.clip, noise_multiplier=plan.sigmas[m] * s.noise_scale,
                                             noise_shares=plan.counts[m], rng=noise)
                 for acc, u in zip(group_sum, noisy, strict=True):
                     acc += u
@@ -277,7 +279,7 @@ def run(s: Setting, eval_every: int = 5) -> dict[str, Any]:
                     group_sum = sparsify_top_k(group_sum, plan.sparsity[m])
                 for acc, y in zip(step, group_sum, strict=True):
                     acc += plan.weights[m] * np.asarray(y, np.float64)
-        theta = [w + u for w, u in zip(theta, step, strict=True)]
+        theta = [w + s.server_step * u for w, u in zip(theta, step, strict=True)]
         if t % eval_every == 0 or t == s.rounds:
             set_weights(model, [w.astype(np.float32) for w in theta])
             _, accuracy = evaluate(model, evaluation)
@@ -350,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=("validation", "test"), default=d.split)
     parser.add_argument("--clip", type=float, default=d.clip)
     parser.add_argument("--accountant", choices=("prv", "rdp"), default=d.accountant)
+    parser.add_argument("--server-step", type=float, default=d.server_step,
+                        help="server learning rate on the round's aggregate (default 1: the plain step)")
+    parser.add_argument("--noise-scale", type=float, default=d.noise_scale,
+                        help="diagnostic: multiply every sigma_m (1: the calibrated run; else not the stated eps)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--out", type=Path, default=OUT / "runs.jsonl")
@@ -364,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                         batch=args.batch, lr=args.lr,
                         lr_decay=default_decay(args.method) if args.lr_decay is None else args.lr_decay,
                         momentum=args.momentum, rounds=args.rounds, q=args.q, clients=args.clients,
-                        split=args.split, clip=args.clip, accountant=args.accountant, seed=seed)
+                        split=args.split, clip=args.clip, accountant=args.accountant,
+                        server_step=args.server_step, noise_scale=args.noise_scale, seed=seed)
             print(f"{s}", flush=True)
             row = run(s, args.eval_every)
             print(json.dumps({k: row[k] for k in ("method", "factors", "seed", "final", "best", "seconds")}),
