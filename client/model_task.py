@@ -130,7 +130,9 @@ class ModelTask:
         """The round's work from the received model; ``seed`` seeds dropout (not DP)."""
         model = round_model(self.settings.model, tuple(self.data.x.shape[1:]), self.num_classes)
         set_weights(model, self.msg.content.array_records[keys.ARRAYS].to_numpy_ndarrays())
-        torch.manual_seed(seed)  # after the model: the same draws whether it was built now or before
+        # after the model: the same draws whether it was built now or before; the CPU's generator only (the
+        # model is on the CPU), as torch.manual_seed's lazy CUDA seeding formats the call stack (#38)
+        torch.default_generator.manual_seed(seed)
         self._received = get_weights(model)  # copies
         canary = canary_update(self.context.node_config, self._received)  # an auditor's canary node
         if canary is not None:

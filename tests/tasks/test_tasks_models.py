@@ -228,3 +228,18 @@ def test_auto_grad_sample_mode_takes_the_table_and_only_modes_the_model_supports
         resolve_grad_sample_mode(LINEAR_MODE, "cnn")
     with pytest.raises(ValueError, match="grad-sample-mode must be one of auto, hooks, ghost, functorch, linear"):
         resolve_grad_sample_mode("fast", "cnn")
+
+
+def test_seeded_torch_on_the_cpu_draws_as_manual_seed_and_restores_the_state() -> None:
+    """seeded_torch seeds only the CPU's generator on the CPU (#38: torch.manual_seed's lazy CUDA seeding
+    formats the call stack each time): the same draws as under torch.manual_seed, the outer state kept."""
+    from tasks.models import seeded_torch
+
+    torch.manual_seed(123)
+    outside = torch.rand(3)
+    torch.manual_seed(123)
+    with seeded_torch(7):
+        inside = torch.rand(5)
+    assert torch.equal(torch.rand(3), outside)  # restored: the block drew nothing from the outer stream
+    torch.manual_seed(7)
+    assert torch.equal(inside, torch.rand(5))
