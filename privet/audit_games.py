@@ -305,7 +305,25 @@ def _replayed_noise(setup: AuditSetup, mechanism: Mechanism, sigma: float, parti
 # --------------------------------------------------------------------------- the record-level game
 def _record_level(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
                   hook: MechanismHook | None) -> Played:
-    """One client's DP-SGD run on a shard holding canary records (module docstring)."""
+    """One client's DP-SGD run on a shard holding canary records, each upload observed (module docstring)."""
+    return _dpsgd_run(setup, canaries=canaries, extension=extension, rng=rng, hook=hook, view="uploads")
+
+
+def _record_level_final(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
+                        hook: MechanismHook | None) -> Played:
+    """The same run, observed only by querying the final model (black-box, ``dpsgd-final``)."""
+    return _dpsgd_run(setup, canaries=canaries, extension=extension, rng=rng, hook=hook, view="final")
+
+
+def _dpsgd_run(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
+               hook: MechanismHook | None, view: str) -> Played:
+    """The record-level game; ``view`` is what the adversary reads: ``uploads`` or the ``final`` model.
+
+    ``final``: the adversary holds only the released model after the last round and queries it on
+    each canary record and on the all-zero record: the logit change on x_i = 3C·e_i less the
+    zero record's (the bias) is 3C·(W_T − W_0)[:, i], the canary's coordinate, read through
+    forward passes alone. No per-round view and no replay of seeded noise.
+    """
     import torch
 
     from client.training import LocalTrainingConfig
@@ -331,6 +349,7 @@ def _record_level(setup: AuditSetup, *, canaries: int, extension: int, rng: np.r
     mode = resolve_grad_sample_mode(train.grad_sample_mode, "logreg")
     rounds = train.num_rounds * extension
     released = np.zeros((2, m))
+    initial = [w.copy() for w in get_weights(model)]
     sigma, rate, steps = float(train.noise_multiplier), 0.0, 0
     releases = 0
     pid = setup.profile.partition_id
@@ -354,6 +373,8 @@ def _record_level(setup: AuditSetup, *, canaries: int, extension: int, rng: np.r
         residual = seen - replayed
         released += residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
         set_weights(model, upload.arrays)  # the server sends the upload back as the next model
+    if view == "final":
+        released = _queried_change(model, initial, x[:m], RECORD_FEATURE * clip)
     scores = (released[1] - released[0]) / clip
     directions = np.zeros((m, 2 * m))
     directions[np.arange(m), m + np.arange(m)] = 1.0
@@ -362,6 +383,25 @@ def _record_level(setup: AuditSetup, *, canaries: int, extension: int, rng: np.r
     obs = Observation(secrets, scores, cos, tuple(ledger.history), "replace-one", releases)
     return Played(obs, mechanism.kind, ledger.conversion(), noise_multiplier=sigma, sample_rate=rate, clip=clip,
                   steps=steps, rounds_requested=rounds, releases_per_canary=releases)
+
+
+def _queried_change(model: Any, initial: list[np.ndarray], probes: np.ndarray, feature: float) -> np.ndarray:
+    """(W_T − W_0)[:, i] for each canary i, from the logits of the final and the initial model only."""
+    import torch
+
+    from tasks.models import get_weights, set_weights
+
+    final = [w.copy() for w in get_weights(model)]
+    queries = torch.from_numpy(np.concatenate([probes, np.zeros_like(probes[:1])]))
+
+    def logits(weights: list[np.ndarray]) -> np.ndarray:
+        set_weights(model, weights)
+        with torch.no_grad():
+            return np.asarray(model(queries).double().numpy())
+
+    change = logits(final) - logits(initial)
+    set_weights(model, final)
+    return np.asarray((change[:-1] - change[-1]).T / feature)
 
 
 def _replayed_dpsgd(setup: AuditSetup, server_round: int, n: int, shape: tuple[int, int], std: float, rate: float,
@@ -415,6 +455,9 @@ GROUP_SUM: Final = Game("group-sum", "group-share", "client",
 DPSGD: Final = Game("dpsgd", "dpsgd", "record",
                     "each round's uploaded model of one client whose shard holds the canary records (not the steps)",
                     _record_level)
+DPSGD_FINAL: Final = Game("dpsgd-final", "dpsgd", "record",
+                          "only the final model, queried on the canary records (black-box; one client whose shard "
+                          "holds the canary records)", _record_level_final)
 
 #: **The registry**: a game's name -> where its :class:`Game` lives, ``"module:ATTRIBUTE"``, imported on
 #: first use (so a game's own module may import this one). The first game of a mechanism kind is its
@@ -426,6 +469,7 @@ GAMES: Final[dict[str, str]] = {
     "group-sum": "privet.audit_games:GROUP_SUM",
     "dpsgd": "privet.audit_games:DPSGD",
     "dpsgd-steps": "privet.audit_dpsgd_steps:DPSGD_STEPS",
+    "dpsgd-final": "privet.audit_games:DPSGD_FINAL",
     "centroids": "privet.audit_centroids:CENTROIDS",
     "ddg-sum": "privet.audit_ddg:DDG_SUM",
 }
