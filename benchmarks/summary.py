@@ -50,6 +50,9 @@ ROWS: tuple[Row, ...] = (
         (Cell("overhead.md", "simulation", "CPU / bare"),)),
     Row("CPU per round at 6,000 clients vs at 200 (the same clients sampled per round)", "{}",
         (Cell("scale.md", "6,000", "CPU vs smallest N"),)),
+    Row("CPU per round of the same Ray simulation on two nodes vs one (network namespaces sharing this machine's "
+        "2 cores: the transfers' and protocol's cost, not a second machine's gain)", "{}",
+        (Cell("scale_two_node.md", "two nodes", "CPU vs one node"),)),
     Row("bytes private PFA+ clients upload vs a full model's, 5 rounds incl. the warm-up (`cnn`; wire / payload)",
         "{} less", (Cell("pfa_uplink.md", "pfa-plus", "reduction private (wire / payload)", "cnn"),)),
     Row("bytes a client uploads in a secure sum with the roster and consistency round (holds against a "
