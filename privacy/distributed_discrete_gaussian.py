@@ -64,9 +64,11 @@ With the third term of (1), ε_DDG(α) <= (α/2)(‖Δ‖₂/(√n σ) + τ√d'
 under replace-one to within float round-off: the Gaussian mechanism's own multiplier at
 sensitivity 2B. Poisson sampling of
 members (rate q) is amplified with the general upper bound of Zhu & Wang (ICML 2019) for
-any mechanism's integer-order RDP, as KLS's code does — offered for zero-out only, and only
-meaningful where the sampling is hidden from the adversary: in privet the server picks the
-members, so clients charge q = 1 (:func:`ddg_epsilon`).
+any mechanism's integer-order RDP (:func:`privacy.poisson_rdp.poisson_subsampled_rdp`), as KLS's
+code does — offered for zero-out only, and only meaningful where the sampling is hidden from the
+adversary: a plain secure sum's members are picked by the server, so they charge q = 1
+(:func:`ddg_epsilon`); a GDPFed group's members charge their group's q_m through the replace-one
+curve step of :mod:`privacy.poisson_rdp`, under GDPFed's stated sampling assumption.
 
 **Wrap-around** (utility, not privacy: the sum mod M is a post-processing). With each x_i
 chosen independently of the signs D, coordinate j of Y = Σ_i (x̃_i + z_i) is a Rademacher
@@ -87,7 +89,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -117,7 +119,6 @@ __all__ = [
     "rounded_norm_bound",
     "sensitivities",
     "smallest_local_sigma_sq",
-    "subsampled_rdp",
     "tau",
     "unrotate",
     "wrap_probability",
@@ -126,7 +127,7 @@ __all__ = [
 #: Default bound on the probability that any coordinate of a sum wraps around mod M.
 WRAP_PROBABILITY = 1e-6
 
-#: Largest bit width: a sum mod 2^b travels as uint32 (``secure_sum.wire_dtype``), and the
+#: Largest bit width: a sum mod 2^b travels packed in b bits (``protocol.secure_sum.pack_masked``), and the
 #: centred lift and the rotation back stay exact in float64.
 MAX_BITS = 32
 
@@ -499,42 +500,6 @@ def rdp_of_sum(orders: Sequence[float] | np.ndarray, *, l2_sensitivity: float, l
     return np.minimum(np.minimum(first, second), third)
 
 
-def subsampled_rdp(orders: Sequence[int], rdp: Callable[[np.ndarray], np.ndarray], sample_rate: float) -> np.ndarray:
-    """RDP of the Poisson-subsampled mechanism at integer orders >= 2 (Zhu & Wang 2019, general bound).
-
-    For a mechanism with RDP ε(·) at integer orders and sampling probability q:
-
-        ε'(α) <= 1/(α−1) · log[ (1−q)^{α−1}(αq − q + 1) + C(α,2) q² (1−q)^{α−2} e^{ε(2)}
-                                + 3 Σ_{l=3}^{α} C(α,l) q^l (1−q)^{α−l} e^{(l−1)ε(l)} ],
-
-    and never more than ε(α) (joint quasi-convexity of Rényi divergence). Add/remove (here:
-    zero-out) neighbours only.
-    """
-    from scipy.special import gammaln, logsumexp
-
-    alphas = [int(a) for a in orders]
-    if any(a < 2 or a != b for a, b in zip(alphas, orders, strict=True)):
-        raise ValueError("the subsampled bound needs integer orders >= 2")
-    if not 0.0 < sample_rate <= 1.0:
-        raise ValueError(f"sample_rate must lie in (0, 1]; found {sample_rate!r}")
-    top = max(alphas)
-    base = np.asarray(rdp(np.arange(2, top + 1, dtype=np.float64)), dtype=np.float64)  # ε(l), l = 2 … top
-    if sample_rate == 1.0:
-        return np.asarray([base[a - 2] for a in alphas])
-    q, log_q, log_1q = sample_rate, math.log(sample_rate), math.log1p(-sample_rate)
-    out = []
-    for a in alphas:
-        ls = np.arange(2, a + 1, dtype=np.float64)
-        log_comb = gammaln(a + 1.0) - gammaln(ls + 1.0) - gammaln(a - ls + 1.0)
-        terms = log_comb + ls * log_q + (a - ls) * log_1q + (ls - 1.0) * base[: a - 1]
-        weights = np.full(terms.size, 3.0)
-        weights[0] = 1.0  # l = 2
-        head = (a - 1.0) * log_1q + math.log(a * q - q + 1.0)
-        total = float(logsumexp(np.concatenate([[head], terms]), b=np.concatenate([[1.0], weights])))
-        out.append(min(total / (a - 1.0), float(base[a - 2])))
-    return np.asarray(out)
-
-
 def ddg_epsilon(*, local_sigma_sq: float | Fraction, norm_bound_sq: int, padded_dim: int, min_shares: int,
                 rounds: int, delta: float, max_shares: int | None = None, sample_rate: float = 1.0,
                 relation: str = REPLACE_ONE) -> float:
@@ -562,8 +527,10 @@ def ddg_epsilon(*, local_sigma_sq: float | Fraction, norm_bound_sq: int, padded_
         orders: Sequence[float] = RDP_ORDERS
         rdp = curve(np.asarray(orders, dtype=np.float64))
     else:
+        from privacy.poisson_rdp import poisson_subsampled_rdp  # it imports this module's curve lazily too
+
         orders = SUBSAMPLED_ORDERS
-        rdp = subsampled_rdp(SUBSAMPLED_ORDERS, curve, sample_rate)
+        rdp = poisson_subsampled_rdp(SUBSAMPLED_ORDERS, curve, sample_rate)
     return _epsilon_from_rdp(orders, rounds * rdp, delta)
 
 

@@ -153,15 +153,6 @@ def mask(seed: bytes, modulus: int, shapes: Sequence[tuple[int, ...]]) -> list[n
     return out
 
 
-def wire_dtype(modulus: int) -> np.dtype:
-    """The narrowest unsigned integer type holding [0, M): how a masked vector travels.
-
-    ``uint32`` for M ≤ 2^32 (every b ≤ 24 with up to 256 members), so a masked coordinate
-    costs what a float32 of the plaintext model does; ``uint64`` above.
-    """
-    return np.dtype(np.uint32) if modulus <= 2**32 else np.dtype(np.uint64)
-
-
 def add_mod(a: Sequence[np.ndarray], b: Sequence[np.ndarray], modulus: int, sign: int = 1) -> list[np.ndarray]:
     """(a ± b) mod M, array by array, in int64 (M ≤ 2^62 keeps every intermediate exact)."""
     return [np.mod(x + sign * y, modulus) for x, y in zip(a, b, strict=True)]

@@ -36,9 +36,10 @@ class SecureAggregation(BaseModel):
         r_min: the fewest inputs a released sum may hold; 0 means ``noise-shares`` (m).
         Each member charges σ·√(r_min/m).
     bits : int
-        Bits per coordinate on the wire. ``secagg+``: quantisation bits b (L = 2^b − 1 levels per
-        coordinate), 8 to 30. ``secagg+ddg``: the sum is taken mod 2^b, 8 to 32, and the scale is
-        the largest for which wrap-around has probability <= ``wrap_probability``.
+        Bits per coordinate. ``secagg+``: quantisation bits b (L = 2^b − 1 levels per coordinate),
+        8 to 30; the masked input travels in log₂ M ≈ b + log₂ K bits (M > K·L: the sum must fit).
+        ``secagg+ddg``: the sum is taken mod 2^b, 8 to 32, and travels in b bits per coordinate;
+        the scale is the largest for which wrap-around has probability <= ``wrap_probability``.
     clip_probability : float
         ``secagg+``: bound on the probability that the quantiser clips any coordinate (eq. 1 of
         :mod:`privacy.secure_sum`).
