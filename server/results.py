@@ -260,12 +260,20 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _mechanism(strategy: PrivacyAwareFedAvg, account: ClientAccount) -> Mechanism | None:
-    """The mechanism the strategy asked this client to run (None: no round was configured)."""
-    last = max((r.round for r in strategy.round_log), default=1)
-    try:
-        return strategy.mechanism(last, account)
-    except (ValueError, KeyError):
-        return None
+    """The mechanism the strategy asked this client to run (None: no round was configured).
+
+    That of the last round whose reply from this client was accepted (a GDPFed or secure-sum
+    client not sampled in the run's last round has no sum there to build its mechanism from),
+    else of the last round.
+    """
+    rounds = sorted((r for r in strategy.round_log if r.round > 0), key=lambda r: r.round, reverse=True)
+    mine = [r.round for r in rounds if account.client_id in r.accepted]
+    for server_round in [*mine[:1], max((r.round for r in rounds), default=1)]:
+        try:
+            return strategy.mechanism(server_round, account)
+        except (ValueError, KeyError):
+            continue
+    return None
 
 
 def _guarantee(mode: str, account: ClientAccount, noise_shares: int, mechanism: Mechanism | None,
