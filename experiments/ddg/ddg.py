@@ -313,7 +313,7 @@ def report() -> str:
                              "| | | | | |")
                 continue
             wrap = xs[0]["wrap_probability"]
-            bits_cell = f"{bits}" if xs[0]["mode"] == "secagg+ddg" else "24 (quantiser)"
+            bits_cell = f"{bits}" if xs[0]["mode"] == "secagg+ddg" else f"{bits} (quantiser)"
             lines.append(
                 f"| {target:g} | {label} | {accountant} | {bits_cell} | {xs[0]['noise_multiplier']:.4f} | "
                 f"{', '.join(str(x['seed']) for x in sorted(xs, key=lambda x: x['seed']))} | "
