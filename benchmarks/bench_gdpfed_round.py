@@ -223,6 +223,7 @@ def profile_run(config: dict[str, Any], prof: Path) -> dict[str, Any]:
                 if key == "client/round.py:_round":
                     calls += ncalls
     return {"rounds": rounds, "clients": int(config["num-clients"]), "client_rounds": calls, "timer": "CPU",
+            "max_examples": int(config["max-examples-per-client"]),
             "ms_per_client": {key: 1e3 * found.get(key, 0.0) / max(calls, 1) for _, key in PROFILE_ROWS}}
 
 
@@ -292,14 +293,16 @@ def render(record: dict[str, Any]) -> str:
     if prof:
         lines += ["", "## Where a sampled client's time goes", "",
                   f"cProfile of {prof['rounds']} in-process rounds of the same regime"
-                  f"{' at N = ' + format(prof['clients'], ',') if prof.get('clients') else ''} "
+                  f"{' at N = ' + format(prof['clients'], ',') if prof.get('clients') else ''}"
+                  f"{' (10 examples per client, as at 6,000)' if prof.get('max_examples') == 10 else ''} "
                   f"({prof['client_rounds']} client rounds), in one process: cumulative {prof.get('timer', 'wall')} ms per "
                   "client round of each function (profiling inflates Python-heavy rows; the client's rows below the first are parts of "
                   "it, not all of it).", "",
                   "| where | ms per client round |", "|---|---|"]
         for what, key in PROFILE_ROWS:
             ms = prof["ms_per_client"].get(key)
-            lines.append(f"| {what} | {'-' if ms is None or (ms == 0 and 'before' in what + 'after') else f'{ms:.1f}'} |")
+            absent = ms is None or (ms == 0 and ("before)" in what or "after)" in what))  # the other version's row
+            lines.append(f"| {what} | {'-' if absent else f'{ms:.1f}'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -307,6 +310,12 @@ def _commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=False)
     return done.stdout.strip()
+
+
+def _profiled(args: argparse.Namespace) -> dict[str, Any]:
+    """The profiled run's config: the regime at --profile-clients, each client still holding 10 examples."""
+    return {**regime(args.profile_clients or args.clients, args.profile_rounds, args.model),
+            "max-examples-per-client": 10}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                    "rows do not depend on N, the handshake row does)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gdpfed_round.md")
     p.add_argument("--render", type=Path, metavar="JSON", help="only rebuild the table from this record")
+    p.add_argument("--reprofile", type=Path, metavar="JSON", help="only profile again (--profile-clients, "
+                   "--profile-rounds) into this record, and rebuild its table")
     p.add_argument("--bare", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.bare:
@@ -330,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.render:
         args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        return 0
+    if args.reprofile:
+        record = json.loads(args.reprofile.read_text())
+        with tempfile.TemporaryDirectory(prefix="bench-gdpfed-prof-") as tmp:
+            record["profile"] = profile_run(_profiled(args), Path(tmp) / "round.prof")
+        write(args.reprofile.with_suffix(".md"), record, render)
         return 0
     config = regime(args.clients, args.rounds, args.model)
     load_start = os.getloadavg()[0]
@@ -343,9 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {"config": config, "commit": _commit(), **machine(load_start), "reps": reps}
     if args.profile:
         with tempfile.TemporaryDirectory(prefix="bench-gdpfed-prof-") as tmp:
-            record["profile"] = profile_run(regime(args.profile_clients or args.clients, args.profile_rounds,
-                                                   args.model),
-                                            Path(tmp) / "round.prof")
+            record["profile"] = profile_run(_profiled(args), Path(tmp) / "round.prof")
         record["load_end"] = os.getloadavg()[0]
     write(args.out, record, render)
     return 0
