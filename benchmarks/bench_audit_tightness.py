@@ -217,8 +217,8 @@ def table(meta: dict[str, Any], records: list[dict[str, Any]], privet_records: l
             "discrete Gaussian shares (`ddg-sum`, `secagg+ddg`, σ sent such that its RDP charge over T is the "
             "target; the charge converts through RDP), and, white-box beyond the threat model, every DP-SGD step's "
             "noisy clipped gradient sum of the same client with Dirac gradient canaries in all 6,000 records "
-            "(`dpsgd-steps`, Nasr et al. 2023, through the client's own DP-SGD code; run by its Game, since "
-            "`privet audit` selects `dpsgd` for that mechanism). Noise `csprng`; 95 % together.",
+            "(`dpsgd-steps`, Nasr et al. 2023, through the client's own DP-SGD code; `privet audit --game "
+            "dpsgd-steps`, the mechanism's default game being `dpsgd`). Noise `csprng`; 95 % together.",
             "",
             "| game | mechanism | target ε | charged ε | canaries | releases | one-run LB | threshold LB "
             "| LB / charged | one-shot ε | flagged | s |",
