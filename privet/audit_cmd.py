@@ -51,7 +51,8 @@ from privacy.mechanism_audit import AuditResult, assess
 from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
 from privet.audit_setup import RUN_ID, AuditConfigError, MechanismHook
 from privet.audit_setup import setup as audit_setup
-from server.results import AuditedMechanism, AuditSection, audit_merge_refusal, write_audit
+from server.audit_text import AuditedMechanism, AuditSection
+from server.results import audit_merge_refusal, write_audit
 
 __all__ = ["AuditReport", "MechanismAudit", "audit", "add_parser", "client_release", "cmd_audit"]
 

@@ -67,7 +67,7 @@ from privet.inprocess import InProcessGrid, simulation_node_configs
 from protocol import keys
 
 if TYPE_CHECKING:
-    from server.results import AuditedMechanism, AuditSection
+    from server.audit_text import AuditedMechanism, AuditSection
 
 __all__ = ["DEFAULT_CANARIES", "FlowerAudit", "FlowerAuditReport", "audit_flower", "cmd_audit_flower"]
 

@@ -200,7 +200,7 @@ def _noise(summary: dict[str, Any]) -> str:
 
 def audit_section(audit: dict[str, Any]) -> list[str]:
     """The "Empirical privacy audit" section (``summary.json``'s ``audit``, :func:`server.results.write_audit`)."""
-    from server.results import AUDIT_STATEMENT, audit_figure
+    from server.audit_text import AUDIT_STATEMENT, audit_figure
 
     p = [f'<h2 id="audit">Empirical privacy audit (client {_e(audit["client"])})</h2>',
          f'<p class="sub">{_e(audit["strategy"])}, dp-mode {_e(audit["dp_mode"])}, client {_e(audit["client"])} '

@@ -17,8 +17,8 @@ import pytest
 
 from privacy.accountants import epsilon_of
 from privet.cli import main
+from server.audit_text import AUDIT_STATEMENT, audit_figure
 from server.report_html import read_results, render
-from server.results import AUDIT_STATEMENT, audit_figure
 
 #: A small private run: update mode, 3 clients all sampled in both rounds, a few hundred examples each.
 RUN = ["dp-mode=update", "num-server-rounds=2", "num-clients=3", "max-examples-per-client=256", "model=logreg",
