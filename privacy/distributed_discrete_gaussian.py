@@ -64,7 +64,7 @@ With the third term of (1), ε_DDG(α) <= (α/2)(‖Δ‖₂/(√n σ) + τ√d'
 under replace-one to within float round-off: the Gaussian mechanism's own multiplier at
 sensitivity 2B. Poisson sampling of
 members (rate q) is amplified with the general upper bound of Zhu & Wang (ICML 2019) for
-any mechanism's integer-order RDP (:func:`privacy.poisson_rdp.poisson_subsampled_rdp`), as KLS's
+any mechanism's integer-order RDP (:func:`privacy.subsampled_rdp.poisson_subsampled_rdp`), as KLS's
 code does — offered for zero-out only, and only meaningful where the sampling is hidden from the
 adversary: a plain secure sum's members are picked by the server, so they charge q = 1
 (:func:`ddg_epsilon`); a GDPFed group's members charge their group's q_m through the replace-one
@@ -99,6 +99,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from privacy.accountants import ADD_REMOVE, RDP_ORDERS, RELATIONS, REPLACE_ONE
 from privacy.discrete_gaussian import discrete_gaussian
 from privacy.randomness import NoiseSource
+from privacy.subsampled_rdp import poisson_subsampled_rdp
 
 __all__ = [
     "MAX_BITS",
@@ -527,8 +528,6 @@ def ddg_epsilon(*, local_sigma_sq: float | Fraction, norm_bound_sq: int, padded_
         orders: Sequence[float] = RDP_ORDERS
         rdp = curve(np.asarray(orders, dtype=np.float64))
     else:
-        from privacy.poisson_rdp import poisson_subsampled_rdp  # it imports this module's curve lazily too
-
         orders = SUBSAMPLED_ORDERS
         rdp = poisson_subsampled_rdp(SUBSAMPLED_ORDERS, curve, sample_rate)
     return _epsilon_from_rdp(orders, rounds * rdp, delta)

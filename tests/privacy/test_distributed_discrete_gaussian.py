@@ -20,8 +20,8 @@ from scipy.special import logsumexp
 from privacy import distributed_discrete_gaussian as ddg
 from privacy.accountants import ADD_REMOVE, RDP_ORDERS, REPLACE_ONE
 from privacy.discrete_gaussian import discrete_gaussian
-from privacy.poisson_rdp import poisson_subsampled_rdp
 from privacy.randomness import noise_source
+from privacy.subsampled_rdp import poisson_subsampled_rdp
 
 # ---------------------------------------------------------------------------------------
 # Rotation
