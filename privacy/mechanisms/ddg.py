@@ -63,10 +63,10 @@ from typing import ClassVar
 import numpy as np
 
 from privacy.distributed_discrete_gaussian import DDGParameters, encode, gaussian_equivalent_multiplier
-from privacy.exceptions import PrivacyBudgetExhausted
-from privacy.ledger import DDG_MODE, GROUP_DDG_MODE, PrivacyLedger, RunPlan
+from privacy.ledger import DDG_MODE, GROUP_DDG_MODE, PrivacyLedger
 from privacy.mechanisms.base import LocalWork, Mechanism, Release, Upload
 from privacy.mechanisms.gaussian import CLIPPED, UPDATE_NORM
+from privacy.mechanisms.group_share import GroupRun
 from privacy.poisson_rdp import DDGPoissonStep
 from privacy.randomness import NoiseSource
 
@@ -161,7 +161,7 @@ def _run_share(ddg: DDGSum, work: LocalWork, noise: NoiseSource) -> Upload:
     return work.train(privatize)
 
 
-class GroupDiscreteGaussianShare(Mechanism):
+class GroupDiscreteGaussianShare(GroupRun, Mechanism):
     """A GDPFed group member's discrete Gaussian share; the run charged once by its RDP curve (module docstring).
 
     Parameters
@@ -193,18 +193,9 @@ class GroupDiscreteGaussianShare(Mechanism):
         self.step = DDGPoissonStep(float(p.local_sigma_sq), p.norm_bound_sq, p.padded_dim, min_survivors,
                                    max(min_survivors, p.max_members), sample_rate, rounds)
 
-    @property
-    def workload(self) -> tuple[float, int]:
-        """(q_m, T): what the reply reports as its sample rate and steps."""
-        return self.sample_rate, self.rounds
-
     def release(self, sigma: float, index: int = 0) -> Release:
         """Release ``index`` of the run: the curve step (T releases) at 0, nothing up to T − 1, refused after."""
-        if index >= self.rounds:
-            raise PrivacyBudgetExhausted(
-                f"this run's group mechanism was charged for T={self.rounds} releases and this client has made "
-                f"{index}; it refuses more (a run longer than the T it declared)")
-        return Release(sigma, self.sample_rate, self.rounds, (self.step,) if index == 0 else ())
+        return self.run_release(sigma, index, (self.step,))
 
     def plan(self, ledger: PrivacyLedger, run_id: int) -> Release:
         """The group's release: the first of the run pays the curve step; later ones must be the step paid for.
@@ -217,19 +208,8 @@ class GroupDiscreteGaussianShare(Mechanism):
             If the run was paid for with another (σ_m, q_m, T), or this round's sum parameters give another
             step than the one the ledger holds: the server changed the group's mechanism mid-run.
         """
-        run = ledger.run(run_id)
-        paid = RunPlan(cap=float("inf"), noise_multiplier=self.noise_multiplier, kind=self.kind,
-                       rounds=self.rounds, sample_rate=self.sample_rate)
-        index = ledger.releases_in_run(run_id)
-        if run is None:
-            ledger.open_run(run_id, paid)
-        elif (run.kind, run.noise_multiplier, run.sample_rate, run.rounds) != (
-                paid.kind, paid.noise_multiplier, paid.sample_rate, paid.rounds):
-            raise ValueError(
-                f"this run's group mechanism was paid for as (sigma={run.noise_multiplier:g}, q={run.sample_rate:g}, "
-                f"T={run.rounds}); the server now asks for (sigma={self.noise_multiplier:g}, q={self.sample_rate:g}, "
-                f"T={self.rounds}): refused")
-        elif index > 0 and not any(h.key == self.step.key for h in ledger.curves):
+        index = self.open_run(ledger, run_id)
+        if index > 0 and not any(h.key == self.step.key for h in ledger.curves):
             raise ValueError(f"this round's sum gives the step {self.step.describe()}, which this run did not pay "
                              "for (the server changed the sum's parameters mid-run): refused")
         return self.release(self.noise_multiplier, index)

@@ -23,15 +23,72 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from privacy.accountants import Charge
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.ledger import PrivacyLedger, RunPlan
 from privacy.mechanisms.base import Release
 from privacy.mechanisms.update import WholeUpdate
 
-__all__ = ["GroupShare"]
+__all__ = ["GroupRun", "GroupShare"]
 
 
-class GroupShare(WholeUpdate):
+class GroupRun:
+    """A GDPFed group's run, paid once (module docstring): the counting and the checks every group share makes.
+
+    A group member's mechanism (:class:`GroupShare`, and the discrete Gaussian one of
+    :mod:`privacy.mechanisms.ddg`) reports (q_m, T) as its workload, pays the run's charge at its
+    first release, refuses a release beyond T, and refuses a request of the run whose
+    (kind, σ_m, q_m, T) differs from what it paid for.
+    """
+
+    kind: ClassVar[str]
+    noise_multiplier: float
+    sample_rate: float
+    rounds: int
+
+    @property
+    def workload(self) -> tuple[float, int]:
+        """(q_m, T): what the reply reports as its sample rate and steps."""
+        return self.sample_rate, self.rounds
+
+    def run_release(self, sigma: float, index: int, charges: tuple[Charge, ...]) -> Release:
+        """Release ``index`` of the run: ``charges`` at 0, nothing up to T − 1.
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            From the (T+1)-th release on.
+        """
+        if index >= self.rounds:
+            raise PrivacyBudgetExhausted(
+                f"this run's group mechanism was charged for T={self.rounds} releases and this client has made "
+                f"{index}; it refuses more (a run longer than the T it declared)")
+        return Release(sigma, self.sample_rate, self.rounds, charges if index == 0 else ())
+
+    def open_run(self, ledger: PrivacyLedger, run_id: int) -> int:
+        """Open the run in the ledger with this (σ_m, q_m, T), or check it is the one paid for; the releases made.
+
+        Raises
+        ------
+        ValueError
+            If the run was paid for with another (kind, σ_m, q_m, T): the server changed the group's
+            mechanism mid-run.
+        """
+        run = ledger.run(run_id)
+        paid = RunPlan(cap=float("inf"), noise_multiplier=self.noise_multiplier, kind=self.kind,
+                       rounds=self.rounds, sample_rate=self.sample_rate)
+        if run is None:
+            ledger.open_run(run_id, paid)
+        elif (run.kind, run.noise_multiplier, run.sample_rate, run.rounds) != (
+                paid.kind, paid.noise_multiplier, paid.sample_rate, paid.rounds):
+            raise ValueError(
+                f"this run's group mechanism was paid for as (sigma={run.noise_multiplier:g}, q={run.sample_rate:g}, "
+                f"T={run.rounds}); the server now asks for (sigma={self.noise_multiplier:g}, q={self.sample_rate:g}, "
+                f"T={self.rounds}): refused")
+        return ledger.releases_in_run(run_id)
+
+
+class GroupShare(GroupRun, WholeUpdate):
     """The share of group m's noise: σ_m of the sum, r_m shares, sampling q_m, T rounds.
 
     Parameters
@@ -56,19 +113,9 @@ class GroupShare(WholeUpdate):
         self.sample_rate = sample_rate
         self.rounds = rounds
 
-    @property
-    def workload(self) -> tuple[float, int]:
-        """(q_m, T): what the reply reports as its sample rate and steps."""
-        return self.sample_rate, self.rounds
-
     def release(self, sigma: float, index: int = 0) -> Release:
         """Release ``index`` of the run: the pre-charge (σ_m, q_m, T) at 0, nothing up to T − 1, refused after."""
-        if index >= self.rounds:
-            raise PrivacyBudgetExhausted(
-                f"this run's group mechanism was charged for T={self.rounds} releases and this client has made "
-                f"{index}; it refuses more (a run longer than the T it declared)")
-        charges = ((sigma, self.sample_rate, self.rounds),) if index == 0 else ()
-        return Release(sigma, self.sample_rate, self.rounds, charges)
+        return self.run_release(sigma, index, ((sigma, self.sample_rate, self.rounds),))
 
     def plan(self, ledger: PrivacyLedger, run_id: int) -> Release:
         """The group's release: the first of the run opens it in the ledger with its (σ_m, q_m, T).
@@ -81,18 +128,7 @@ class GroupShare(WholeUpdate):
             If the run was paid for with another (σ_m, q_m, T): the server changed the group's
             mechanism mid-run.
         """
-        run = ledger.run(run_id)
-        paid = RunPlan(cap=float("inf"), noise_multiplier=self.noise_multiplier, kind=self.kind,
-                       rounds=self.rounds, sample_rate=self.sample_rate)
-        if run is None:
-            ledger.open_run(run_id, paid)
-        elif (run.kind, run.noise_multiplier, run.sample_rate, run.rounds) != (
-                paid.kind, paid.noise_multiplier, paid.sample_rate, paid.rounds):
-            raise ValueError(
-                f"this run's group mechanism was paid for as (sigma={run.noise_multiplier:g}, q={run.sample_rate:g}, "
-                f"T={run.rounds}); the server now asks for (sigma={self.noise_multiplier:g}, q={self.sample_rate:g}, "
-                f"T={self.rounds}): refused")
-        return self.release(self.noise_multiplier, ledger.releases_in_run(run_id))
+        return self.release(self.noise_multiplier, self.open_run(ledger, run_id))
 
     def guarantee(self) -> str:
         """Client level, its share of the group's noise, the run charged once."""
