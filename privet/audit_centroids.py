@@ -39,7 +39,7 @@ from privacy.ledger import PrivacyLedger
 from privacy.mechanism_audit import Observation
 from privacy.mechanisms import Mechanism, Privatizer, Upload
 from privacy.randomness import NoiseSource
-from privet.audit_games import CANARY_NORM, STAND_IN_DIM, Game, most_charged
+from privet.audit_games import CANARY_NORM, STAND_IN_DIM, Game, explained, most_charged
 from privet.audit_setup import (
     RUN_ID,
     AuditConfigError,
@@ -174,8 +174,7 @@ def centroid_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.r
             sent.append(release.noise_multiplier)
             seen = np.asarray(upload.arrays[0], np.float64).ravel() - received.ravel()
             replayed = server_replay(setup, i, t).normal(shape, release.noise_multiplier * clip).ravel()
-            residual = seen - replayed
-            observed[i] += residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+            observed[i] += explained(seen, replayed)
             releases += 1
         made_most = max(made_most, ledger.releases_in_run(RUN_ID))
         ledgers.append(ledger)

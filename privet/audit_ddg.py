@@ -41,7 +41,7 @@ from privacy.ledger import PrivacyLedger
 from privacy.mechanism_audit import Observation
 from privacy.mechanisms import DDGSum, Mechanism
 from privacy.randomness import NoiseSource
-from privet.audit_games import CANARY_NORM, STAND_IN_DIM, CanaryWork, Game, most_charged, unit_rows
+from privet.audit_games import CANARY_NORM, STAND_IN_DIM, CanaryWork, Game, explained, most_charged, unit_rows
 from privet.audit_setup import (
     RUN_ID,
     AuditConfigError,
@@ -151,7 +151,7 @@ def ddg_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random
                 continue  # fewer than r_min survivors: the secure sum releases nothing
             seen = decode(total_sum, params, seed)
             residual = decode(np.mod(total_sum - replayed, params.modulus), params, seed)
-            released += residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+            released += explained(seen, seen - residual)
             releases += 1
         made_most = max([made_most, *(o.releases_in_run(RUN_ID) for o in own.values())])
         observed[members.start:members.stop] = released

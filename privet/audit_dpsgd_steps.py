@@ -49,7 +49,7 @@ import numpy as np
 from client.release import client_release
 from privacy.auditing import canary_cosines
 from privacy.mechanism_audit import Observation
-from privet.audit_games import Game
+from privet.audit_games import Game, explained
 from privet.audit_setup import (
     RUN_ID,
     AuditSetup,
@@ -200,9 +200,7 @@ def dpsgd_steps_game(setup: AuditSetup, *, canaries: int, extension: int, rng: n
         for w_t, grad in seen:
             sums = grad * batch  # the noisy clipped sum of the step
             replay.uniform(examples)  # the Poisson coins, then the weight's noise (the frozen bias draws none)
-            residual = sums - replay.normal((2, m), std)
-            if np.linalg.norm(residual) < np.linalg.norm(sums):
-                sums = residual
+            sums = explained(sums, replay.normal((2, m), std))
             z = (sums[1] - sums[0]) / math.sqrt(2.0)
             pos, neg = projected_clipped(w_t, feature, clip)
             scores += mixture_log_ratio(z, rate, std, pos, neg)

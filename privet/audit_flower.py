@@ -63,6 +63,7 @@ from privacy.auditing import DEFAULT_CONFIDENCE, canary_cosines
 from privacy.ledger import PrivacyLedger
 from privacy.mechanism_audit import AuditResult, Observation, assess
 from privacy.mechanisms import WholeUpdate, gaussian_noise_like
+from privet.audit_games import explained
 from privet.inprocess import InProcessGrid, simulation_node_configs
 from protocol import keys
 
@@ -310,8 +311,7 @@ class _AuditGrid(InProcessGrid):
             return
         seen = _flat(upload) - _flat(model)
         if self.plan.noise_source == "seeded":  # the server regenerates the noise where that explains the upload
-            residual = seen - _replayed(self.plan, partition, server_round, sigma, like)
-            seen = residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+            seen = explained(seen, _replayed(self.plan, partition, server_round, sigma, like))
         previous = self.observed[node]
         self.observed[node] = seen if previous is None else previous + seen
         self.sigmas.append(sigma)
@@ -549,9 +549,7 @@ def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarra
                                                                                             len(led.history)))
     change = _flat(final) - _flat(grid.initial)
     if plan.noise_source == "seeded":  # every client's noise regenerated, in the FedAvg means of the rounds
-        residual = change - _replayed_mean(plan, grid.replies)
-        change = residual if residual.shape == change.shape and np.linalg.norm(residual) < np.linalg.norm(change) \
-            else change
+        change = explained(change, _replayed_mean(plan, grid.replies))
     k = len(canary_nodes)
     upload_scores, upload_cosines, final_scores, final_cosines = (np.zeros(k) for _ in range(4))
     for j, node in enumerate(canary_nodes):  # one direction at a time: memory is the K observations

@@ -76,7 +76,7 @@ from privet.audit_setup import (
 )
 
 __all__ = ["CANARY_NORM", "GAMES", "RECORD_FEATURE", "STAND_IN_DIM", "CanaryWork", "Game", "Play", "Played",
-           "game", "game_for", "games", "most_charged", "select", "unit_rows"]
+           "explained", "game", "game_for", "games", "most_charged", "select", "unit_rows"]
 
 #: Coordinates of the stand-in update of the client-level games (the projection of isotropic
 #: Gaussian noise on a canary's direction does not depend on it; the one-shot cosines do).
@@ -207,6 +207,14 @@ class CanaryWork:
 
 
 
+def explained(seen: np.ndarray, replayed: np.ndarray) -> np.ndarray:
+    """What a server that regenerated a client's noise reads: ``seen − replayed`` where the replay explains
+    ``seen`` (a smaller residual: the noise was seeded from what it knows), else ``seen`` itself.
+    """
+    residual = seen - replayed
+    return residual if residual.shape == seen.shape and np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+
+
 def unit_rows(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:
     """``count`` orthonormal random directions in R^dim, as rows (count <= dim)."""
     basis, _ = np.linalg.qr(rng.standard_normal((dim, count)))
@@ -277,8 +285,7 @@ def _client_level(setup: AuditSetup, game: str, *, canaries: int, extension: int
                     continue  # no amplification is charged: the server may know the canary was not in this sum
             elif shares == 0 or (game == "secure-sum" and shares < shares_per_sum):
                 continue  # too few survivors: the secure sum releases nothing
-            residual = total_sum - replayed
-            released += residual if np.linalg.norm(residual) < np.linalg.norm(total_sum) else total_sum
+            released += explained(total_sum, replayed)
             releases += 1
         made_most = max([made_most, *(o.releases_in_run(RUN_ID) for o in own.values())])
         observed[members.start:members.stop] = released
@@ -370,8 +377,7 @@ def _dpsgd_run(setup: AuditSetup, *, canaries: int, extension: int, rng: np.rand
         seen = upload.arrays[0].astype(np.float64) - before[0]
         replayed = _replayed_dpsgd(setup, t, examples, (2, m), sigma * clip, rate, steps, train,
                                    dpsgd_expected_batch(examples, train.batch_size))
-        residual = seen - replayed
-        released += residual if np.linalg.norm(residual) < np.linalg.norm(seen) else seen
+        released += explained(seen, replayed)
         set_weights(model, upload.arrays)  # the server sends the upload back as the next model
     if view == "final":
         released = _queried_change(model, initial, x[:m], RECORD_FEATURE * clip)
