@@ -272,7 +272,10 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
         return self._step(server_round, by_group)
 
     def _step(self, server_round: int, sums: dict[int, tuple[int, list[np.ndarray]]]) -> list[np.ndarray]:
-        """θ^t + Σ_m ω_m ỹ_m from the group sums ``m -> (inputs, ȳ_m)``; ỹ_m = post_process(ȳ_m)."""
+        """θ^t + η_s·Σ_m ω_m ỹ_m from the group sums ``m -> (inputs, ȳ_m)``; ỹ_m = post_process(ȳ_m).
+
+        η_s is ``gdpfed.server-step`` (1 in the paper's Algorithm 1); a step on released values only.
+        """
         assert self.plan is not None
         diag: dict[str, float] = {}
         step = [np.zeros(g.shape, np.float64) for g in self._global]
@@ -286,7 +289,8 @@ class GDPFedStrategy(PrivacyAwareFedAvg):
             for j, a in enumerate(y):
                 step[j] += self.plan.weights[m] * a
         self._diagnostics[server_round] = diag
-        return [(g.astype(np.float64) + s).astype(g.dtype) for g, s in zip(self._global, step, strict=True)]
+        eta = self.params.server_step
+        return [(g.astype(np.float64) + eta * s).astype(g.dtype) for g, s in zip(self._global, step, strict=True)]
 
     def round_metrics(self, server_round: int) -> dict[str, float]:
         """Accepted replies per group."""

@@ -34,6 +34,10 @@ class GDPFedConfig(BaseModel):
         ω_m of Appendix B.2 on the group sum, or the normalised variant (gdpfed_math).
     lr_decay : float
         Learning-rate decay per round, η_t = η·decay^(t−1) (paper 0.99; 1: none).
+    server_step : float
+        η_s in θ^{t+1} = θ^t + η_s·Σ_m ω_m ỹ_m (1: the paper's Algorithm 1). Post-processing of the
+        released sums, so it changes no client's charge. For dp-fedavg (one group, ω = 1/r) it is the
+        server learning rate of McMahan et al.'s DP-FedAvg; the paper does not state one.
     idp_clips : list of float
         Per-group clipping thresholds of idp-fedavg-scale (paper FMNIST 1.15, 1.51, 2.12).
     idp_sample_rates : list of float
@@ -50,6 +54,7 @@ class GDPFedConfig(BaseModel):
     sparsity: tuple[float, ...] = (0.7, 0.8, 0.9)
     weighting: str = "paper"
     lr_decay: float = Field(0.99, gt=0.0, le=1.0)
+    server_step: float = Field(1.0, gt=0.0, le=10.0, allow_inf_nan=False)
     idp_clips: tuple[float, ...] = (1.15, 1.51, 2.12)
     idp_sample_rates: tuple[float, ...] = (0.0082, 0.0280, 0.0238)
     pfa_rank: int = Field(1, ge=1)

@@ -190,8 +190,8 @@ def _reply(node, arrays, n=10):
     return AcceptedReply(node, str(node), arrays, {keys.NUM_EXAMPLES: n, keys.EPSILON_SPENT: 0.1}, {})
 
 
-def _strategy(name, counts=(2, 3, 4), sparsity=(1.0, 1.0, 1.0)):
-    params = GDPFedConfig(sparsity=sparsity)
+def _strategy(name, counts=(2, 3, 4), sparsity=(1.0, 1.0, 1.0), server_step=1.0):
+    params = GDPFedConfig(sparsity=sparsity, server_step=server_step)
     s = GDPFED_STRATEGIES[name](params=params)
     plan, _ = plan_groups(s.variant, GDPFedConfig(q=0.3, sparsity=sparsity), _budgets(per_group=10), 5, 1.0)
     weights = group_weights(list(counts), "mean" if name == "dp-fedavg" else "paper").tolist()
@@ -226,6 +226,26 @@ def test_dp_fedavg_is_the_plain_mean_of_uploads():
     assert new[0] == pytest.approx(np.mean([u[0] for u in uploads], axis=0), abs=1e-5)
 
 
+@pytest.mark.parametrize("name", ["dp-fedavg", "gdpfed-plus"])
+@pytest.mark.parametrize("eta", [0.5, 2.0])
+def test_server_step_scales_the_move_and_nothing_else(name, eta):
+    """θ' = θ + η_s·(θ'₁ − θ), where θ'₁ is the same round at η_s = 1 (post-processing only)."""
+    counts = (5,) if name == "dp-fedavg" else (2, 3, 4)
+    sparsity = (1.0,) * len(counts) if name == "dp-fedavg" else (0.5, 0.7, 1.0)
+    runs = []
+    for step in (1.0, eta):
+        rng = np.random.default_rng(4)
+        s = _strategy(name, counts=counts, sparsity=sparsity, server_step=step)
+        s._global = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
+        s.group_of = {i: i % len(counts) for i in range(9)}
+        replies = [_reply(i, [g + rng.normal(size=g.shape).astype(np.float32) for g in s._global]) for i in range(9)]
+        runs.append((s._global, s.aggregate_models(1, replies)))
+    (theta, plain), (_, stepped) = runs
+    for g, one, new in zip(theta, plain, stepped, strict=True):
+        assert np.abs(one - g).max() > 0.1  # the round moved
+        assert new == pytest.approx(g + eta * (one.astype(np.float64) - g), abs=1e-5)
+
+
 def test_pfa_groups_projects_the_strict_sum_onto_the_public_subspace():
     s = _strategy("pfa-groups")
     s._global = [np.zeros(4, np.float32)]
@@ -246,6 +266,8 @@ def test_pfa_groups_projects_the_strict_sum_onto_the_public_subspace():
     ({"budget-distribution": "constant", "epsilon": 1e-5, "gdpfed.group-epsilons": [1e-5], "accountant": "rdp"},
      "'gdpfed.group-epsilons'.*cannot be reached"),
     ({"gdpfed.weighting": "fancy"}, "'gdpfed.weighting'"),
+    ({"gdpfed.server-step": 0.0}, "gdpfed.server-step"),
+    ({"gdpfed.server-step": float("nan")}, "gdpfed.server-step"),
     ({"dp-mode": "dpsgd"}, "'dp-mode'"),
     ({"budget-group-ratio": "1, 4"}, "'budget-group-ratio'.*one size per entry"),
     ({"budget-group-ratio": "1, 0.5, 1"}, "'budget-group-ratio'.*whole numbers"),
