@@ -65,9 +65,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
-from scipy.optimize import brentq
-from scipy.special import expit, logsumexp
+
+# scipy is imported inside the functions that use it: ``privet --help`` and config errors import this
+# module for DEFAULT_CONFIDENCE and must stay fast (scipy.stats alone is ~0.5-2 s; tests/privet/test_cli_imports.py).
 
 __all__ = [
     "DEFAULT_CONFIDENCE",
@@ -122,6 +122,8 @@ def _log_sub(log_a: float, log_b: float) -> float:
 
 
 def _log_gaussian_delta(epsilon: float, mu: float) -> float:
+    from scipy import stats
+
     if mu <= 0.0:
         return -math.inf
     if math.isinf(mu):
@@ -153,6 +155,8 @@ def gaussian_delta(epsilon: float, mu: float) -> float:
 
 def _smallest_epsilon(log_delta_at: Callable[[float], float], delta: float) -> float:
     """Smallest ε >= 0 with log δ(ε) <= log δ, for a non-increasing δ(ε); a verified upper end."""
+    from scipy.optimize import brentq
+
     target = math.log(delta)
 
     def excess(eps: float) -> float:
@@ -188,6 +192,8 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 def gaussian_mu(epsilon: float, delta: float) -> float:
     """The μ whose Gaussian mechanism is exactly (ε, δ)-DP: the root of δ(ε; μ) = δ in μ (eq. (1) increases in μ)."""
+    from scipy.optimize import brentq
+
     delta = _check_delta(delta, allow_zero=False)
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0; found {epsilon!r}")
@@ -200,6 +206,8 @@ def gaussian_mu(epsilon: float, delta: float) -> float:
 
 def _log_mass(lower: float, upper: float, mean: float, std: float) -> float:
     """Log P[lower < Y < upper] for Y ~ N(mean, std²), accurate in both tails."""
+    from scipy import stats
+
     if upper <= lower:
         return -math.inf
     a, b = (lower - mean) / std, (upper - mean) / std
@@ -215,6 +223,8 @@ def _log_hockey_stick(epsilon: float, p_mean: float, p_std: float, q_mean: float
     C = q_mean²/(2 q_std²) − p_mean²/(2 p_std²) + log(q_std/p_std); {L > ε} is a half-line
     (A = 0), the outside of the roots (A > 0) or the inside (A < 0).
     """
+    from scipy.special import logsumexp
+
     a = 0.5 / q_std**2 - 0.5 / p_std**2
     b = p_mean / p_std**2 - q_mean / q_std**2
     c = q_mean**2 / (2 * q_std**2) - p_mean**2 / (2 * p_std**2) + math.log(q_std / p_std) - epsilon
@@ -288,6 +298,9 @@ def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, d
     the mass outside, at most P[Binomial < k_low], is added to the last running average, so
     the value returned is never below (2).
     """
+    from scipy import stats
+    from scipy.special import expit
+
     m, r, v = int(canaries), int(guesses), int(correct)
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= correct <= guesses <= canaries; found {v}, {r}, {m}")
@@ -386,6 +399,8 @@ def one_run_audit(scores: Sequence[float] | np.ndarray, secrets: Sequence[int] |
 # --------------------------------------------------------------------------- hypothesis test
 def clopper_pearson_upper(count: int | np.ndarray, trials: int, confidence: float) -> np.ndarray:
     """One-sided Clopper–Pearson upper bound on a binomial rate: P[rate <= bound] >= confidence."""
+    from scipy import stats
+
     confidence = _check_confidence(confidence)
     k = np.asarray(count, dtype=np.float64)
     if trials <= 0:

@@ -557,9 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     from privet.roster_cmd import add_parser as add_roster_parser
 
     add_roster_parser(sub)  # privet roster generate (privet/roster_cmd.py)
-    from privet.audit_cmd import add_parser as add_audit_parser
+    from privet.audit_cli import add_parser as add_audit_parser
 
-    add_audit_parser(sub)  # privet audit (privet/audit_cmd.py)
+    add_audit_parser(sub)  # privet audit (privet/audit_cli.py; the audit itself: privet/audit_cmd.py)
     return parser
 
 
