@@ -51,8 +51,9 @@ from privacy.mechanism_audit import AuditResult, assess
 from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
 from privet.audit_setup import RUN_ID, AuditConfigError, MechanismHook
 from privet.audit_setup import setup as audit_setup
+from server.audit_merge import audit_merge_refusal
 from server.audit_text import AuditedMechanism, AuditSection
-from server.results import audit_merge_refusal, write_audit
+from server.results import write_audit
 
 __all__ = ["AuditReport", "MechanismAudit", "audit", "add_parser", "client_release", "cmd_audit"]
 
@@ -211,6 +212,8 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
         ``summary.json``, ``privacy_report.md`` and ``report.html``
         (:func:`server.results.write_audit`). A folder holding a ``privet run`` of the same config
         keeps the run's content, the audit added; one of another config is refused before any work.
+        A later ``privet run`` into ``out`` keeps the audit only if it is of the run's config
+        (:func:`server.audit_merge.carried_audit`).
     client : int
         The audited client's partition id (its budget, its group).
     canaries : int
@@ -275,7 +278,7 @@ def audit(config: str | None = None, sets: Sequence[str] = (), *, out: str | Pat
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "audit.json").write_text(json.dumps(report.to_dict(), indent=1, default=_json_default))
-        write_audit(out, report.summary_section())
+        write_audit(out, report.summary_section(), setup.cfg)
     return report
 
 
@@ -297,7 +300,9 @@ ledger charged. Exit status 1, with one line naming the mechanism and both figur
 lower bound exceeds the charge; 2 on a bad configuration. With --out DIR: DIR/audit.json
 (every figure), and an "Empirical privacy audit" section in DIR/summary.json ("audit"),
 DIR/privacy_report.md and DIR/report.html; a DIR that holds a privet run of the same config
-keeps the run's report, the audit added (one of another config is refused).
+keeps the run's report, the audit added (one of another config is refused). A later privet run
+of the same config into DIR keeps the audit; one of another config leaves it out, renames
+audit.json to audit-of-another-config.json and says so in one line.
 
 Configuration: as privet run (defaults < CONFIG.toml < --set KEY=VALUE).
 

@@ -480,6 +480,7 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     from client.app import app as client_app
     from privet.run_config import CliError, check_out_dir, load_experiment, validate
     from server.app import run_experiment
+    from server.config import RunConfig
     from server.results import write_audit
 
     if canaries < 2:
@@ -527,7 +528,7 @@ def audit_flower(config: str | None = None, sets: Sequence[str] = (), *, out: st
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "audit.json").write_text(json.dumps(report.to_dict(), indent=1))
-        write_audit(out, report.summary_section())
+        write_audit(out, report.summary_section(), RunConfig.from_flower(run_config))
     return report
 
 

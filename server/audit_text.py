@@ -8,7 +8,7 @@ for them.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 __all__ = ["AUDIT_STATEMENT", "AuditSection", "AuditedMechanism", "audit_figure", "audit_lines"]
 
@@ -45,6 +45,10 @@ class AuditSection(TypedDict):
     not_audited: list[str]
     settings: dict[str, Any]
     details: str
+    #: the resolved configuration audited (``config.json``'s form), written by
+    #: :func:`server.results.write_audit`; a later run into the folder keeps the section only if it is its own
+    #: (:func:`server.audit_merge.carried_audit`). Absent from sections written before it was recorded.
+    audited_config: NotRequired[dict[str, Any]]
 
 
 #: What an audit's result proves, said with every audit section.

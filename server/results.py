@@ -13,7 +13,9 @@
 ``audit`` section in ``summary.json`` (:class:`AuditSection`), an "Empirical privacy audit"
 section in ``privacy_report.md`` and report.html, beside its own ``audit.json``. Into a run's
 directory it merges (the run's content is kept); into an empty one it writes those files with
-the audit alone.
+the audit alone. A later run into a directory holding an audit keeps it if it is of the run's
+configuration, and otherwise leaves it out, renames its ``audit.json`` and logs one line
+(:func:`server.audit_merge.carried_audit`).
 
 ε values are JSON numbers; an unbounded ε (no DP) is written as ``null`` with the client's
 ``guarantee`` saying so.
@@ -40,6 +42,7 @@ import numpy as np
 from privacy.accountants import BUDGET_RTOL, REPLACE_ONE, Charge, epsilon_of, exceeds_budget
 from privacy.exceptions import PrivacyBudgetExhausted
 from privacy.mechanisms import Mechanism
+from server.audit_merge import carried_audit, config_record
 from server.audit_text import AuditSection, audit_lines
 from server.config import RunConfig
 from server.threat_model import threat_model
@@ -164,6 +167,11 @@ class ResultsWriter:
     Created in the thread that runs the strategy; from then on a SIGINT or SIGTERM of the process
     interrupts that thread (:func:`interrupt_on_exit_signal`), so an interrupted run still writes
     its summary.
+
+    A directory that holds ``privet audit``'s results of the same configuration keeps them: the
+    summary, privacy report and page this run writes carry the audit's section, ``audit.json`` is
+    untouched. An audit of another configuration is left out of them, its ``audit.json`` renamed
+    ``audit-of-another-config.json``, with one warning line (:func:`server.audit_merge.carried_audit`).
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], cfg: RunConfig) -> None:
@@ -173,7 +181,9 @@ class ResultsWriter:
         self.out.mkdir(parents=True, exist_ok=True)
         self.cfg = cfg
         self.rounds: list[dict[str, Any]] = []
-        _atomic_write(self.out / "config.json", json.dumps(cfg.model_dump(by_alias=True), indent=2))
+        #: the folder's audit of this config, kept in the summary (read before config.json is rewritten)
+        self.audit = carried_audit(self.out, cfg)
+        _atomic_write(self.out / "config.json", json.dumps(config_record(cfg), indent=2))
         (self.out / "rounds.jsonl").write_text("")
 
     def write_round(self, line: dict[str, Any]) -> None:
@@ -203,6 +213,8 @@ class ResultsWriter:
             status = (f"incomplete: {len(summary['failed_rounds'])} of {summary['rounds']} rounds failed "
                       f"(rounds {', '.join(str(f['round']) for f in summary['failed_rounds'])})")
         summary["status"] = status
+        if self.audit is not None:  # rendered from the summary by the report and the page, as write_audit's
+            summary["audit"] = self.audit
         _atomic_write(self.out / "summary.json", json.dumps(summary, indent=2))
         _atomic_write(self.out / "privacy_report.md", format_privacy_report(summary))
         plot_progress(self.rounds, self.out / "progress.png")
@@ -536,54 +548,22 @@ def _format_run_report(summary: RunSummary) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Run-config keys that do not change a client's mechanism: an audit of a config that differs from a
-#: run's only in them is an audit of that run's mechanisms.
-AUDIT_IGNORED_KEYS = ("out-dir", "data-dir", "checkpoint-rounds", "round-timeout", "ledger-dir")
-
-
-def audit_merge_refusal(out: str | os.PathLike[str], cfg: RunConfig) -> str | None:
-    """Why ``privet audit`` of ``cfg`` must not write its section into ``out`` (None: it may).
-
-    It may where ``out`` holds no ``summary.json``, one of an earlier audit alone, or a run of the
-    same configuration (``config.json`` equal but for :data:`AUDIT_IGNORED_KEYS`).
-    """
-    out = Path(out)
-    path = out / "summary.json"
-    if not path.exists():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path} is not a privet summary ({exc}); use another --out"
-    if not isinstance(summary, dict) or ("clients" not in summary and "audit" not in summary):
-        return f"{path} is not a privet summary; use another --out"
-    if "clients" not in summary:
-        return None  # an earlier audit alone: replaced
-    config_path = out / "config.json"
-    if not config_path.exists():
-        return f"{out} holds a run without its config.json, so the audit cannot tell it audits the same config"
-    run = json.loads(config_path.read_text())
-    mine = json.loads(json.dumps(cfg.model_dump(by_alias=True)))
-    differ = sorted(k for k in set(run) | set(mine) if k not in AUDIT_IGNORED_KEYS and run.get(k) != mine.get(k))
-    if differ:
-        return (f"{out} holds a run of another configuration (differs in {', '.join(differ)}); audit that "
-                "run's config, or use another --out")
-    return None
-
-
-def write_audit(out: str | os.PathLike[str], audit: AuditSection) -> dict[str, Any]:
-    """Add ``privet audit``'s section to ``out``'s ``summary.json``, ``privacy_report.md`` and ``report.html``.
+def write_audit(out: str | os.PathLike[str], audit: AuditSection, cfg: RunConfig) -> dict[str, Any]:
+    """Add ``privet audit``'s section, of an audit of ``cfg``, to ``out``'s ``summary.json``,
+    ``privacy_report.md`` and ``report.html``.
 
     A run's ``summary.json`` keeps every key (its ``audit`` is replaced); the report and the page
     are rewritten from it (:func:`format_privacy_report`, :func:`server.report_html.write_report`),
-    so they show the run as before plus the audit. Check :func:`audit_merge_refusal` first.
-    Returns the summary as written.
+    so they show the run as before plus the audit. The section records ``cfg`` as its
+    ``audited_config``, by which a later run into ``out`` keeps it or leaves it out
+    (:func:`server.audit_merge.carried_audit`). Check :func:`server.audit_merge.audit_merge_refusal`
+    first. Returns the summary as written.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "summary.json"
     summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    summary["audit"] = audit
+    summary["audit"] = {**audit, "audited_config": config_record(cfg)}
     _atomic_write(path, json.dumps(summary, indent=2))
     _atomic_write(out / "privacy_report.md", format_privacy_report(summary))  # type: ignore[arg-type]
     from server.report_html import write_report
