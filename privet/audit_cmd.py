@@ -35,41 +35,42 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
 from client.release import client_release
 from privacy.auditing import DEFAULT_CONFIDENCE
-from privacy.mechanism_audit import AuditResult, assess
+from privacy.mechanism_audit import assess
+from privet.audit_cli import DEFAULT_CANARIES, DEFAULT_EXTENSION
 from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
 from privet.audit_setup import RUN_ID, AuditConfigError, MechanismHook
 from privet.audit_setup import setup as audit_setup
 from server.audit_merge import audit_merge_refusal
-from server.audit_text import AuditedMechanism, AuditSection
+from server.audit_text import AuditRecord, AuditSection, json_epsilon
 from server.results import write_audit
 
-__all__ = ["AuditReport", "MechanismAudit", "audit", "add_parser", "client_release", "cmd_audit"]
+__all__ = ["AuditReport", "MechanismAudit", "audit", "client_release", "cmd_audit"]
 
-#: Importable here as before the split; they live in :mod:`privet.audit_games` and :mod:`privet.audit_setup`.
-_REEXPORTED = (CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, RUN_ID, AuditConfigError, CanaryWork)
+#: Importable here as before the splits; they live in :mod:`privet.audit_games`, :mod:`privet.audit_setup` and
+#: :mod:`privet.audit_cli` (the command line: options, defaults and help).
+_REEXPORTED = (CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, RUN_ID, AuditConfigError, CanaryWork, DEFAULT_CANARIES,
+               DEFAULT_EXTENSION)
 
-#: Default canaries (client-level: canary clients; record-level: canary records in one shard).
-DEFAULT_CANARIES: Final = 1000
-#: The deviating server asks for this many times the T rounds the run declared.
-DEFAULT_EXTENSION: Final = 2
 
 
 # --------------------------------------------------------------------------- results
-@dataclass(frozen=True)
-class MechanismAudit:
-    """One mechanism's audit: the statistics and what the game ran and observed.
+@dataclass(frozen=True, kw_only=True)
+class MechanismAudit(AuditRecord):
+    """One mechanism's audit by a canary game in this process: the statistics and what the game ran and observed.
+
+    The result, mechanism, σ, C, releases per canary and noise source, the flag and the line are
+    :class:`server.audit_text.AuditRecord`'s (shared with the real-run audit's records).
 
     Attributes
     ----------
@@ -77,64 +78,32 @@ class MechanismAudit:
         A registered game's name (:data:`privet.audit_games.GAMES`).
     level : str
         ``client`` or ``record``: what one canary is.
-    mechanism : str
-        The client mechanism's kind (:attr:`privacy.mechanisms.Mechanism.kind`).
     observes : str
         What the game's adversary sees.
-    result : AuditResult
-        The bounds, the estimate, the charge and the flag.
-    noise_multiplier, sample_rate, clip : float
-        σ sent, q of one release, C (as the client's plan set them).
-    steps, rounds_declared, rounds_requested, releases_per_canary : int
-        Steps per release, T, the rounds the server asked for, the most releases one canary made.
-    noise_source : str
-        The clients' DP randomness (the config's ``noise-source``).
+    sample_rate : float
+        q of one release (as the client's plan set it).
+    steps, rounds_declared, rounds_requested : int
+        Steps per release, T, the rounds the server asked for.
     details : dict
         The game's own figures (:attr:`privet.audit_games.Played.details`), if any.
     """
 
     game: str
     level: str
-    mechanism: str
     observes: str
-    result: AuditResult
-    noise_multiplier: float
     sample_rate: float
-    clip: float
     steps: int
     rounds_declared: int
     rounds_requested: int
-    releases_per_canary: int
-    noise_source: str
     details: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def flagged(self) -> bool:
-        """The lower bound exceeds the charge."""
-        return self.result.flagged
-
-    def line(self) -> str:
-        """One line naming the mechanism and both figures (:meth:`AuditResult.line`)."""
-        return self.result.line()
-
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe record."""
-        r = self.result
+        """JSON-safe record (``audit.json``)."""
         return {"game": self.game, "level": self.level, "mechanism": self.mechanism, "observes": self.observes,
-                "flagged": self.flagged, "line": self.line(), "lower_bound": _finite(r.lower_bound),
-                "one_run_bound": _finite(r.one_run_bound), "threshold_bound": _finite(r.threshold_bound),
-                "one_shot_epsilon": _finite(r.one_shot_epsilon), "charged_epsilon": r.charged_epsilon,
-                "delta": r.delta, "confidence": r.confidence, "canaries": r.canaries, "releases": r.releases,
-                "violation": r.violation, "profile": [list(p) for p in r.profile],
-                "charged_history": [list(s) for s in r.history], "relation": r.relation, "seconds": r.seconds,
-                "noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate, "clip": self.clip,
-                "steps": self.steps, "rounds_declared": self.rounds_declared,
+                **self.result_record(), "noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate,
+                "clip": self.clip, "steps": self.steps, "rounds_declared": self.rounds_declared,
                 "rounds_requested": self.rounds_requested, "releases_per_canary": self.releases_per_canary,
                 "noise_source": self.noise_source, **({"details": self.details} if self.details else {})}
-
-
-def _finite(x: float) -> float | str:
-    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 @dataclass(frozen=True)
@@ -177,21 +146,16 @@ class AuditReport:
         """``summary.json``'s ``audit`` section (:class:`server.results.AuditSection`): per mechanism the game,
         canaries, confidence, lower bound, one-shot estimate, charge and flag; ``audit.json`` has the rest.
         """
-        mechanisms: list[AuditedMechanism] = [
-            {"game": a.game, "level": a.level, "mechanism": a.mechanism, "observes": a.observes,
-             "canaries": a.result.canaries, "confidence": a.result.confidence, "delta": a.result.delta,
-             "lower_bound": _finite(a.result.lower_bound), "one_shot_epsilon": _finite(a.result.one_shot_epsilon),
-             "charged_epsilon": a.result.charged_epsilon, "flagged": a.flagged, "line": a.line()}
-            for a in self.audits]
+        mechanisms = [a.summary_entry(a.game, a.level, a.observes) for a in self.audits]
         return {"client": self.client, "strategy": self.strategy, "dp_mode": self.dp_mode,
-                "epsilon_budget": _finite(self.epsilon_budget), "flagged": bool(self.flagged),
+                "epsilon_budget": json_epsilon(self.epsilon_budget), "flagged": bool(self.flagged),
                 "mechanisms": mechanisms, "not_audited": list(self.not_audited),
                 "settings": json.loads(json.dumps(self.settings, default=_json_default)), "details": "audit.json"}
 
     def to_dict(self) -> dict[str, Any]:
         """``audit.json``."""
         return {"strategy": self.strategy, "dp_mode": self.dp_mode, "client": self.client,
-                "epsilon_budget": _finite(self.epsilon_budget), "flagged": bool(self.flagged),
+                "epsilon_budget": json_epsilon(self.epsilon_budget), "flagged": bool(self.flagged),
                 "audits": [a.to_dict() for a in self.audits], "not_audited": list(self.not_audited),
                 "settings": self.settings}
 
@@ -291,53 +255,6 @@ def _json_default(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- the command
-AUDIT_HELP = """\
-Measure each privacy mechanism of a run config empirically: run it on canaries (in this
-process, through privet's own client mechanisms, calibration and ledger; no Flower run),
-attack what the threat model's adversary sees, and print per mechanism the empirical eps
-(a lower bound at --confidence, and Andrew et al.'s one-shot estimate) beside the eps the
-ledger charged. Exit status 1, with one line naming the mechanism and both figures, when a
-lower bound exceeds the charge; 2 on a bad configuration. With --out DIR: DIR/audit.json
-(every figure), and an "Empirical privacy audit" section in DIR/summary.json ("audit"),
-DIR/privacy_report.md and DIR/report.html; a DIR that holds a privet run of the same config
-keeps the run's report, the audit added (one of another config is refused). A later privet run
-of the same config into DIR keeps the audit; one of another config leaves it out, renames
-audit.json to audit-of-another-config.json and says so in one line.
-
-Configuration: as privet run (defaults < CONFIG.toml < --set KEY=VALUE).
-
-examples:
-  privet audit
-  privet audit --set dp-mode=update --set num-server-rounds=2 --out results/audit
-  privet run my.toml --out results/r1 && privet audit my.toml --out results/r1   (the run's report + audit)
-  privet audit experiments/baselines/udp-fedavg.toml --canaries 4000"""
-
-
-def add_parser(sub: Any) -> None:
-    """Register ``privet audit`` on the CLI's subparsers."""
-    parser = sub.add_parser("audit", help="measure each mechanism's privacy empirically (a lower bound on eps)",
-                            description=AUDIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", nargs="?", help="experiment TOML (keys of [tool.flwr.app.config])")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config key (repeatable)")
-    parser.add_argument("--out", help="results folder: audit.json, and the audit's section in summary.json, "
-                                      "privacy_report.md and report.html (merged into a run's of the same config)")
-    parser.add_argument("--client", type=int, default=0, help="partition id of the audited client (default 0)")
-    parser.add_argument("--canaries", type=int, default=DEFAULT_CANARIES,
-                        help=f"canary clients, or canary records at record level (default {DEFAULT_CANARIES})")
-    parser.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE,
-                        help=f"of the lower bounds (default {DEFAULT_CONFIDENCE})")
-    parser.add_argument("--extension", type=int, default=DEFAULT_EXTENSION,
-                        help=f"the server asks for this many times the declared rounds (default {DEFAULT_EXTENSION})")
-    parser.add_argument("--seed", type=int, help="the auditor's own randomness (never the clients' noise)")
-    parser.add_argument("--game", action="append", metavar="NAME",
-                        help="run this registered game instead of the mechanism's default (repeatable), e.g. "
-                             "dpsgd-steps: every DP-SGD step's noisy sum, white-box")
-    parser.add_argument("--runtime", choices=("games", "flower"), default="games",
-                        help="games: each mechanism's canary game in this process (default); flower: canary clients "
-                             "inside a real run of the configured strategy (privet/audit_flower.py)")
-    parser.set_defaults(func=cmd_audit)
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     """``privet audit``: print the report; 1 with the flagged line(s) on stderr when a charge is refuted.
 

@@ -61,14 +61,15 @@ from flwr.proto.message_pb2 import Message as ProtoMessage
 
 from privacy.auditing import DEFAULT_CONFIDENCE, canary_cosines
 from privacy.ledger import PrivacyLedger
-from privacy.mechanism_audit import AuditResult, Observation, assess
+from privacy.mechanism_audit import Observation, assess
 from privacy.mechanisms import WholeUpdate, gaussian_noise_like
 from privet.audit_games import explained
 from privet.inprocess import InProcessGrid, simulation_node_configs
 from protocol import keys
+from server.audit_text import AuditRecord, json_epsilon
 
 if TYPE_CHECKING:
-    from server.audit_text import AuditedMechanism, AuditSection
+    from server.audit_text import AuditSection
 
 __all__ = ["DEFAULT_CANARIES", "FlowerAudit", "FlowerAuditReport", "audit_flower", "cmd_audit_flower"]
 
@@ -91,63 +92,32 @@ log = logging.getLogger("privet.audit")
 
 
 # --------------------------------------------------------------------------- results
-@dataclass(frozen=True)
-class FlowerAudit:
+@dataclass(frozen=True, kw_only=True)
+class FlowerAudit(AuditRecord):
     """One view's audit of the canary clients of a real run.
+
+    The result (the charge: the canaries' ledgers), mechanism, σ (the median the canaries reported
+    over their replies), C, releases per canary (the most one canary's ledger recorded in the run)
+    and noise source, the flag and the line are :class:`server.audit_text.AuditRecord`'s (shared
+    with the in-process games' records).
 
     Attributes
     ----------
     view : str
         ``upload`` (white-box) or ``final-model`` (black-box) (:data:`VIEW_OBSERVES`).
-    mechanism : str
-        The canaries' mechanism kind (:attr:`privacy.mechanisms.Mechanism.kind`).
-    result : AuditResult
-        The bounds, the estimate, the charge (the canaries' ledgers) and the flag.
-    noise_multiplier, clip : float
-        σ the canaries reported (the median over their replies), C.
-    releases_per_canary : int
-        The most releases one canary's ledger recorded in the run.
     rounds : int
         The rounds the run declared.
-    noise_source : str
-        The canaries' DP randomness.
     """
 
     view: str
-    mechanism: str
-    result: AuditResult
-    noise_multiplier: float
-    clip: float
-    releases_per_canary: int
     rounds: int
-    noise_source: str
-
-    @property
-    def flagged(self) -> bool:
-        """The lower bound exceeds the charge."""
-        return self.result.flagged
-
-    def line(self) -> str:
-        """One line naming the mechanism, the view and both figures."""
-        return self.result.line()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe record."""
-        r = self.result
+        """JSON-safe record (``audit.json``)."""
         return {"view": self.view, "level": "client", "mechanism": self.mechanism,
-                "observes": VIEW_OBSERVES[self.view], "flagged": self.flagged, "line": self.line(),
-                "lower_bound": _finite(r.lower_bound), "one_run_bound": _finite(r.one_run_bound),
-                "threshold_bound": _finite(r.threshold_bound), "one_shot_epsilon": _finite(r.one_shot_epsilon),
-                "charged_epsilon": r.charged_epsilon, "delta": r.delta, "confidence": r.confidence,
-                "canaries": r.canaries, "releases": r.releases, "violation": r.violation,
-                "profile": [list(p) for p in r.profile], "charged_history": [list(s) for s in r.history],
-                "relation": r.relation, "seconds": r.seconds, "noise_multiplier": self.noise_multiplier,
+                "observes": VIEW_OBSERVES[self.view], **self.result_record(), "noise_multiplier": self.noise_multiplier,
                 "clip": self.clip, "releases_per_canary": self.releases_per_canary, "rounds": self.rounds,
                 "noise_source": self.noise_source}
-
-
-def _finite(x: float) -> float | str:
-    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 @dataclass(frozen=True)
@@ -213,15 +183,10 @@ class FlowerAuditReport:
         """The run's ``summary.json`` ``audit`` section (:class:`server.results.AuditSection`; shown in
         ``privacy_report.md`` and ``report.html``): one entry per view; ``audit.json`` has the rest.
         """
-        mechanisms: list[AuditedMechanism] = [
-            {"game": f"real run, {a.view} view", "level": "client", "mechanism": a.mechanism,
-             "observes": VIEW_OBSERVES[a.view], "canaries": a.result.canaries, "confidence": a.result.confidence,
-             "delta": a.result.delta, "lower_bound": _finite(a.result.lower_bound),
-             "one_shot_epsilon": _finite(a.result.one_shot_epsilon), "charged_epsilon": a.result.charged_epsilon,
-             "flagged": a.flagged, "line": a.line()}
-            for a in self.audits]
+        mechanisms = [a.summary_entry(f"real run, {a.view} view", "client", VIEW_OBSERVES[a.view])
+                      for a in self.audits]
         return {"client": self.client, "strategy": self.strategy, "dp_mode": self.dp_mode,
-                "epsilon_budget": _finite(self.epsilon_budget), "flagged": bool(self.flagged),
+                "epsilon_budget": json_epsilon(self.epsilon_budget), "flagged": bool(self.flagged),
                 "mechanisms": mechanisms,
                 "not_audited": ["the server's deviations (a run extended beyond its declared rounds): the real run's "
                                 "server is the configured strategy; the in-process games play them"],
@@ -231,7 +196,7 @@ class FlowerAuditReport:
     def to_dict(self) -> dict[str, Any]:
         """``audit.json``."""
         return {"runtime": "flower", "strategy": self.strategy, "dp_mode": self.dp_mode, "client": self.client,
-                "epsilon_budget": _finite(self.epsilon_budget), "real_clients": self.real_clients,
+                "epsilon_budget": json_epsilon(self.epsilon_budget), "real_clients": self.real_clients,
                 "canaries": self.canaries, "flagged": bool(self.flagged),
                 "audits": [a.to_dict() for a in self.audits], "ledger_epsilons": list(self.ledger_epsilons),
                 "run_seconds": self.run_seconds, "results": self.results, "settings": self.settings}
@@ -571,8 +536,9 @@ def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarra
         obs = Observation(secrets, scores, cosines, tuple(charged.history), "replace-one", int(count))
         result = assess(obs, f"{plan.mechanism} ({view})", delta=charged.delta, confidence=confidence,
                         accountant=charged.conversion(), started=started)
-        audits.append(FlowerAudit(view, plan.mechanism, result, float(np.median(sigmas)) if sigmas else math.nan,
-                                  plan.clip, releases, plan.rounds, plan.noise_source))
+        audits.append(FlowerAudit(view=view, mechanism=plan.mechanism, result=result,
+                                  noise_multiplier=float(np.median(sigmas)) if sigmas else math.nan, clip=plan.clip,
+                                  releases_per_canary=releases, rounds=plan.rounds, noise_source=plan.noise_source))
     return FlowerAuditReport(plan.strategy, plan.dp_mode, client, plan.budget, plan.real_clients, len(canary_nodes),
                              tuple(audits), tuple(led.spent() for led in ledgers), run_seconds, results, settings)
 
