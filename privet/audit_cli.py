@@ -29,7 +29,9 @@ ledger charged. Exit status 1, with one line naming the mechanism and both figur
 lower bound exceeds the charge; 2 on a bad configuration. With --out DIR: DIR/audit.json
 (every figure), and an "Empirical privacy audit" section in DIR/summary.json ("audit"),
 DIR/privacy_report.md and DIR/report.html; a DIR that holds a privet run of the same config
-keeps the run's report, the audit added (one of another config is refused).
+keeps the run's report, the audit added (one of another config is refused). A later privet
+run of the same config into DIR keeps the audit; one of another config leaves it out, renames
+audit.json to audit-of-another-config.json and says so in one line.
 
 Configuration: as privet run (defaults < CONFIG.toml < --set KEY=VALUE).
 
