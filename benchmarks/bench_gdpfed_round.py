@@ -110,9 +110,10 @@ def bare_rounds(config: dict[str, Any], sampled: list[list[int]]) -> dict[str, l
     from privacy.mechanisms.gaussian import privatize_update
     from privacy.randomness import noise_source
     from protocol.run_settings import RunSettings
-    from tasks.datasets import evaluation_set, load_dataset
+    from tasks.datasets import load_dataset
     from tasks.models import build_model, evaluate, get_weights, set_weights
     from tasks.partition import client_data
+    from tasks.validation_split import evaluation_set
 
     torch.set_num_threads(1)
     settings = RunSettings.of(config)

@@ -26,7 +26,8 @@ from protocol import keys
 from protocol.dpfedc import DPFedCRound
 from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
-from tasks.datasets import ArrayDataset, is_loaded, load_dataset, source
+from tasks.array_dataset import ArrayDataset
+from tasks.datasets import is_loaded, load_dataset, source
 from tasks.model_names import resolve_grad_sample_mode
 from tasks.models import build_model, get_weights, set_weights
 from tasks.partition import client_data, client_size

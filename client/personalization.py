@@ -61,7 +61,7 @@ from privacy.randomness import NoiseSource
 from protocol import keys
 from protocol.run_settings import RunSettings
 from protocol.train_config import TrainConfig
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.models import (
     get_weights,
     head_parameter_names,

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from client.linear_dpsgd import LinearDPSGD
 from privacy.accountants import Step, import_opacus
 from privacy.mechanisms import dpsgd_expected_batch, dpsgd_sample_rate, dpsgd_steps_per_round
 from privacy.randomness import NoiseSource
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.model_names import BK_MODE, LINEAR_MODE
 from tasks.models import train_plain
 

@@ -24,7 +24,7 @@ from privacy.mechanisms import Privatizer, Upload
 from privacy.randomness import NoiseSource
 from protocol import keys
 from protocol.train_config import TrainConfig
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.models import get_weights
 
 

@@ -147,7 +147,7 @@ def dpsgd_steps_game(setup: AuditSetup, *, canaries: int, extension: int, rng: n
     from client.training import LocalTrainingConfig
     from client.work import ModelWork
     from privacy.mechanisms import dpsgd_expected_batch
-    from tasks.datasets import ArrayDataset
+    from tasks.array_dataset import ArrayDataset
     from tasks.model_names import resolve_grad_sample_mode
     from tasks.models import build_model, get_weights, set_weights
 

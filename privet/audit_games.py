@@ -336,7 +336,7 @@ def _dpsgd_run(setup: AuditSetup, *, canaries: int, extension: int, rng: np.rand
     from client.training import LocalTrainingConfig
     from client.work import ModelWork
     from privacy.mechanisms import dpsgd_expected_batch
-    from tasks.datasets import ArrayDataset
+    from tasks.array_dataset import ArrayDataset
     from tasks.model_names import resolve_grad_sample_mode
     from tasks.models import build_model, get_weights, set_weights
 

@@ -26,9 +26,9 @@ from privacy.randomness import NOISE_SOURCES
 from protocol.config import kebab, numbers, one_of
 from protocol.dpfedc import DPFedCConfig
 from protocol.site import SiteFloors
-from tasks.datasets import EVALUATION_SPLITS
 from tasks.model_names import GRAD_SAMPLE_MODES, MODELS, resolve_grad_sample_mode
 from tasks.partition import PARTITIONERS
+from tasks.validation_split import EVALUATION_SPLITS
 
 __all__ = ["CHOICES", "RunSettings", "nest"]
 

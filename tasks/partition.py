@@ -32,7 +32,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from tasks.datasets import ArrayDataset, DatasetSplits, training_pool
+from tasks.array_dataset import ArrayDataset, DatasetSplits
+from tasks.validation_split import training_pool
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ def client_data(
         already a seeded shuffle, so this is a deterministic random subset).
     evaluation_split : str
         ``"validation"`` partitions only the training examples outside the validation
-        split (:func:`tasks.datasets.training_pool`); ``"test"``: all of them.
+        split (:func:`tasks.validation_split.training_pool`); ``"test"``: all of them.
 
     Returns
     -------

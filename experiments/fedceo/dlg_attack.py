@@ -247,7 +247,8 @@ class AttackResult:
 
 def load_images(indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Fashion-MNIST test images as [0, 1] pixels (N × 1 × 28 × 28) and labels."""
-    from tasks.datasets import NORMALIZATION, load_dataset
+    from tasks.datasets import load_dataset
+    from tasks.normalization import NORMALIZATION
 
     test = load_dataset("fashion-mnist").test
     (mean,), (std,) = NORMALIZATION["fashion-mnist"]

@@ -60,15 +60,17 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = HERE / "pipeline"
 
-from tasks.datasets import ArrayDataset, evaluation_set, load_dataset, training_pool  # noqa: E402
+from tasks.array_dataset import ArrayDataset  # noqa: E402
+from tasks.datasets import load_dataset  # noqa: E402
 from tasks.models import MODELS, build_model, evaluate, get_weights, seeded_torch, set_weights, train_plain  # noqa: E402
 from tasks.partition import partition_indices  # noqa: E402
+from tasks.validation_split import evaluation_set, training_pool  # noqa: E402
 
 #: Table 2 (FMNIST) of the paper, for the table.
 PAPER = {"fedavg": 78.96, "dp-fedavg": 71.88, "gdpfed": 73.97, "gdpfed-op": 75.65, "gdpfed-plus": 75.83}
 #: Table 1's q_m (GDPFed-op / GDPFed+).
 PAPER_Q = (0.0069, 0.0189, 0.0342)
-#: Fashion-MNIST's standard constants (tasks.datasets.NORMALIZATION), to undo them.
+#: Fashion-MNIST's standard constants (tasks.normalization.NORMALIZATION), to undo them.
 FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
 NORMS = ("standard", "unit", "symmetric")
 INITS = ("torch", "glorot")

@@ -19,7 +19,7 @@ import client.bk_dpsgd as bk
 from client.bk_dpsgd import BookKeepingDPSGD, supports_bk_dpsgd
 from client.training import LocalTrainingConfig, train_dpsgd
 from privacy.randomness import OSEntropyNoise, SeededNoise
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.model_names import BK_MODELS, MODELS
 from tasks.models import build_model, get_weights
 from tests.opacus_reference import opacus_clipped_gradient

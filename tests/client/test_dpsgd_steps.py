@@ -24,7 +24,7 @@ from privacy.mechanisms import DPSGD
 from privacy.randomness import OSEntropyNoise
 from protocol import keys
 from protocol.train_config import TrainConfig
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.models import build_model, get_weights
 
 

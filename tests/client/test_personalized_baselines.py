@@ -31,7 +31,7 @@ from server.app import run_experiment
 from server.config import RunConfig
 from server.registry import build_strategy
 from strategies.personalized import CENTAUR, PPSGD
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.models import build_model, get_weights, head_parameter_names, set_weights, train_plain, weight_names
 
 

@@ -17,7 +17,7 @@ from client import model_task
 from client.model_task import round_model
 from client.training import LocalTrainingConfig, local_sgd, train_dpsgd
 from privacy.randomness import noise_source
-from tasks.datasets import ArrayDataset
+from tasks.array_dataset import ArrayDataset
 from tasks.models import build_model, get_weights, set_weights
 
 SHAPE = (1, 28, 28)

@@ -12,7 +12,8 @@ from client.profile import resolve_profile
 from client.shard_cache import OFF, cached_shard, shard_key
 from protocol.run_settings import RunSettings
 from tasks import datasets
-from tasks.datasets import ArrayDataset, load_dataset
+from tasks.array_dataset import ArrayDataset
+from tasks.datasets import load_dataset
 from tasks.partition import client_data
 
 

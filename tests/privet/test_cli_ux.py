@@ -13,7 +13,9 @@ from privet import cli
 from server.config import ConfigError, RunConfig
 from server.console import RunConsole, logs_to, parse_line
 from server.federation import check_federation, mismatch_message, settled_node_count
-from tasks.datasets import EMNIST_SPLITS, check_available, idx_write
+from tasks.dataset_files import EMNIST_SPLITS
+from tasks.datasets import check_available
+from tasks.idx import idx_write
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:

@@ -10,17 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.datasets import (
-    CIFAR10_SUBDIR,
-    DEFAULT_FASHION_MNIST_DIR,
-    MNIST_FILES,
-    NORMALIZATION,
-    ArrayDataset,
-    hf_split_arrays,
-    idx_read,
-    idx_write,
-    load_dataset,
-)
+from tasks.array_dataset import ArrayDataset
+from tasks.dataset_files import CIFAR10_SUBDIR, DEFAULT_FASHION_MNIST_DIR, MNIST_FILES
+from tasks.datasets import load_dataset
+from tasks.hf_datasets import hf_split_arrays
+from tasks.idx import idx_read, idx_write
+from tasks.normalization import NORMALIZATION
 
 HAVE_FMNIST = all((Path(DEFAULT_FASHION_MNIST_DIR) / f"{f}.gz").is_file() for f in MNIST_FILES)
 needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason="apt-get install dataset-fashion-mnist")

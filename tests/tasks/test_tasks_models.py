@@ -11,12 +11,9 @@ from opacus import PrivacyEngine
 from opacus.validators import ModuleValidator
 from torch.utils.data import DataLoader, TensorDataset
 
-from tasks.datasets import (
-    DEFAULT_FASHION_MNIST_DIR,
-    MNIST_FILES,
-    ArrayDataset,
-    load_dataset,
-)
+from tasks.array_dataset import ArrayDataset
+from tasks.dataset_files import DEFAULT_FASHION_MNIST_DIR, MNIST_FILES
+from tasks.datasets import load_dataset
 from tasks.models import (
     LOCAL_STEPS_KEY,
     MODELS,

@@ -7,13 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.datasets import (
-    DEFAULT_FASHION_MNIST_DIR,
-    MNIST_FILES,
-    ArrayDataset,
-    DatasetSplits,
-    load_dataset,
-)
+from tasks.array_dataset import ArrayDataset, DatasetSplits
+from tasks.dataset_files import DEFAULT_FASHION_MNIST_DIR, MNIST_FILES
+from tasks.datasets import load_dataset
 from tasks.partition import PARTITIONERS, client_data, partition_indices
 
 NUM_CLASSES = 10
@@ -172,7 +168,8 @@ def test_no_client_holds_a_validation_example(method):
     """Under ``evaluation-split = "validation"`` the clients partition the rest of the training
     split: the union of every partition misses the validation examples, which the server
     evaluates on (⌈n/6⌉ of them, the same for every run seed)."""
-    from tasks.datasets import DatasetSplits, evaluation_set, validation_mask
+    from tasks.array_dataset import DatasetSplits
+    from tasks.validation_split import evaluation_set, validation_mask
 
     n = 600
     rng = np.random.default_rng(3)
