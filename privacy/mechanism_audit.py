@@ -4,9 +4,12 @@ Each **game** runs one of privet's mechanisms (the functions its clients run:
 :func:`privacy.mechanisms.privatize_update`, :func:`~privacy.mechanisms.gaussian_noise_like`,
 noise from a :class:`privacy.randomness.NoiseSource`) many times on canaries whose sign is a
 secret bit S ∈ {−1, +1}, attacks what the adversary of the threat model sees, and hands a
-score per canary to the statistics of :mod:`privacy.auditing`. The charge is what a ledger
-records for one canary (``(σ, q, steps)`` entries under replace-one), and its ε comes from
-privet's own accountant (:func:`privacy.accountants.epsilon_of`); the statistics never use it.
+score per canary to the statistics of :mod:`privacy.auditing`. The charge is everything a ledger
+records for one canary (:meth:`privacy.ledger.PrivacyLedger.charges`: ``(σ, q, steps)`` entries,
+and steps that carry their own RDP curve such as GDPFed+'s discrete Gaussian group sum,
+:class:`privacy.poisson_rdp.DDGPoissonStep`, all under replace-one), and its ε comes from
+privet's own accountant (:func:`privacy.accountants.epsilon_of`) under the ledger's conversion;
+the statistics never use it.
 
 Games (all white-box: the attacker knows the canary directions and every public parameter):
 
@@ -60,11 +63,11 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
-from privacy.accountants import ADD_REMOVE, DEFAULT_ACCOUNTANT, RELATIONS, REPLACE_ONE, Step, epsilon_of
+from privacy.accountants import ADD_REMOVE, DEFAULT_ACCOUNTANT, RELATIONS, REPLACE_ONE, Charge, CurveStep, epsilon_of
 from privacy.auditing import (
     DEFAULT_CONFIDENCE,
     canary_cosines,
@@ -98,6 +101,8 @@ __all__ = [
     "PROFILE_DELTAS",
     "assess",
     "audit",
+    "charges_json",
+    "describe_charges",
     "dpsgd_game",
     "secure_sum_game",
     "update_game",
@@ -172,8 +177,10 @@ class Observation:
         The white-box attack's score per canary (higher: S = +1).
     cosines : ndarray of float
         cos(observed model delta, canary direction) per canary (the one-shot statistic).
-    history : tuple of (σ, q, steps)
-        What the ledger charges for one canary's unit (client or record).
+    history : tuple of Charge
+        Everything the ledger charges for one canary's unit (client or record):
+        :meth:`privacy.ledger.PrivacyLedger.charges`, its ``(σ, q, steps)`` history and its
+        curve steps (:class:`privacy.accountants.CurveStep`).
     relation : str
         The relation the charge is computed under.
     releases : int
@@ -183,9 +190,25 @@ class Observation:
     secrets: np.ndarray
     scores: np.ndarray
     cosines: np.ndarray
-    history: tuple[Step, ...]
+    history: tuple[Charge, ...]
     relation: str
     releases: int
+
+
+def describe_charges(charges: tuple[Charge, ...]) -> str:
+    """What was charged, in words: ``sigma=…, q=…, steps=…`` per Gaussian entry, a curve step's own
+    :meth:`~privacy.accountants.CurveStep.describe`; ``nothing`` for an empty history.
+    """
+    parts = [c.describe() if isinstance(c, CurveStep) else f"Gaussian (sigma={c[0]:.4g}, q={c[1]:.4g}, steps={c[2]})"
+             for c in charges]
+    return "; ".join(parts) or "nothing"
+
+
+def charges_json(charges: tuple[Charge, ...]) -> list[Any]:
+    """JSON-safe form of a history of charges: ``[σ, q, steps]`` per Gaussian entry, a curve step's
+    :meth:`~privacy.accountants.CurveStep.to_dict` (with its ``kind``), as a ledger file holds them.
+    """
+    return [c.to_dict() if isinstance(c, CurveStep) else [float(c[0]), float(c[1]), int(c[2])] for c in charges]
 
 
 #: A noise source for the honest games: ``"csprng"`` (privet's default), or an int seeding a
@@ -381,7 +404,7 @@ class AuditResult:
     delta, confidence : float
         The ledger's δ; the confidence of the lower bounds and of the flag.
     charged_epsilon : float
-        ε of the ledger's history at δ from privet's accountant.
+        ε of everything the ledger charged at δ from privet's accountant (the ledger's conversion).
     one_run_bound, threshold_bound : float
         Steinke et al.'s and the threshold tests' lower bounds at δ (each test at significance
         (1 − confidence)/3).
@@ -389,8 +412,9 @@ class AuditResult:
         Andrew et al.'s estimate at δ (not a bound).
     violation : tuple of (δ', empirical ε, charged ε) or None
         The δ' where the empirical curve exceeds the charged one by the most, if anywhere.
-    history, relation : tuple of (σ, q, steps), str
-        What the ledger charged for one canary's unit, and under which relation.
+    history, relation : tuple of Charge, str
+        What the ledger charged for one canary's unit (Gaussian ``(σ, q, steps)`` entries and curve
+        steps: :meth:`charged_history`, :meth:`describe_charges`), and under which relation.
     seconds : float
         Wall time of the game and the statistics.
     profile : tuple of (δ', empirical ε, charged ε)
@@ -408,7 +432,7 @@ class AuditResult:
     threshold_bound: float
     one_shot_epsilon: float
     violation: tuple[float, float, float] | None
-    history: tuple[Step, ...]
+    history: tuple[Charge, ...]
     relation: str
     seconds: float
     profile: tuple[tuple[float, float, float], ...] = field(default=(), repr=False)
@@ -422,6 +446,14 @@ class AuditResult:
     def flagged(self) -> bool:
         """An empirical lower bound above the charged ε (at δ, or at a δ' of the profile)."""
         return self.one_run_bound > self.charged_epsilon or self.violation is not None
+
+    def charged_history(self) -> list[Any]:
+        """:attr:`history`, JSON-safe (:func:`charges_json`)."""
+        return charges_json(self.history)
+
+    def describe_charges(self) -> str:
+        """:attr:`history` in words (:func:`describe_charges`)."""
+        return describe_charges(self.history)
 
     def line(self) -> str:
         """One line naming the mechanism and both figures."""

@@ -180,7 +180,7 @@ def centroid_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.r
         ledgers.append(ledger)
     scores = np.einsum("ij,ij->i", observed, directions) / clip
     charged = most_charged(ledgers)
-    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(charged.history), "replace-one",
+    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(charged.charges()), "replace-one",
                       releases)
     extras = {"noise_multiplier": float(np.median(sent)) if sent else float(probe.noise_multiplier),
               "sample_rate": 1.0, "clip": clip, "steps": 1, "rounds_requested": rounds,

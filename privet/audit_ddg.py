@@ -22,7 +22,7 @@ released. The server asks for ``extension`` times the T rounds it declared.
 
 The attack scores each canary by ⟨decoded sum, u⟩ / C summed over rounds: the rotation, the
 rounding and the discrete noise are all in what it reads, as the server reads it. As in every game,
-a server that knows the run seed regenerates ``seeded`` members' shares (:func:`_replayed_share`),
+a server that knows the run seed regenerates ``seeded`` members' shares (:func:`replayed_share`),
 subtracts them from the sum mod 2^b, and keeps the result where it explains the sum.
 """
 
@@ -52,7 +52,7 @@ from privet.audit_setup import (
     server_replay,
 )
 
-__all__ = ["DDG_OBSERVES", "DDG_SUM", "ddg_game", "ddg_sum_parameters"]
+__all__ = ["DDG_OBSERVES", "DDG_SUM", "ddg_game", "ddg_sum_parameters", "replayed_share"]
 
 #: What the ``ddg-sum`` game's adversary sees.
 DDG_OBSERVES: Final = ("only the decoded sum of r_min canary clients' discrete Gaussian inputs mod 2^b per round "
@@ -77,7 +77,7 @@ def ddg_sum_parameters(setup: AuditSetup, members: int, dim: int) -> DDGParamete
         raise AuditConfigError(f"secagg.bits = {section.bits}: {exc}") from None
 
 
-def _replayed_share(replay: NoiseSource, params: DDGParameters) -> np.ndarray:
+def replayed_share(replay: NoiseSource, params: DDGParameters) -> np.ndarray:
     """A seeded member's discrete Gaussian share as a server that knows the run seed regenerates it.
 
     :func:`~privacy.distributed_discrete_gaussian.encode` draws d' uniforms for the rounding, again
@@ -145,7 +145,7 @@ def ddg_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random
                     continue
                 upload, _ = done
                 total_sum = np.mod(total_sum + np.asarray(upload.arrays[0], np.int64), params.modulus)
-                replayed += _replayed_share(server_replay(setup, i, t), params)
+                replayed += replayed_share(server_replay(setup, i, t), params)
                 shares += 1
             if shares < per_sum:
                 continue  # fewer than r_min survivors: the secure sum releases nothing
@@ -158,7 +158,7 @@ def ddg_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random
         ledgers += own.values()
     scores = np.einsum("ij,ij->i", observed, directions) / clip
     charged = most_charged(ledgers)
-    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(charged.history), "replace-one",
+    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(charged.charges()), "replace-one",
                       releases)
     sigma_eq = charged.history[0][0] if charged.history else float("nan")
     extras = {"noise_multiplier": float(setup.train.noise_multiplier), "charged_multiplier": float(sigma_eq), "sample_rate": 1.0, "clip": clip, "steps": 1,

@@ -211,7 +211,7 @@ def dpsgd_steps_game(setup: AuditSetup, *, canaries: int, extension: int, rng: n
     directions[np.arange(m), np.arange(m)] = 1.0
     directions[np.arange(m), m + np.arange(m)] = -1.0
     cos = canary_cosines(np.concatenate([total[0], total[1]]), directions)
-    obs = Observation(secrets, scores, cos, tuple(ledger.history), "replace-one", steps_seen)
+    obs = Observation(secrets, scores, cos, tuple(ledger.charges()), "replace-one", steps_seen)
     extras = {"noise_multiplier": sigma, "sample_rate": rate, "clip": clip, "steps": steps_per_round,
               "rounds_requested": rounds, "releases_per_canary": releases, "mechanism": kind,
               "accountant": ledger.conversion(), "records": examples, "grad_sample_mode": mode,
