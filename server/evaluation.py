@@ -102,6 +102,7 @@ class ClusteringEvaluator:
     def annotate(self, summary: RunSummary, out: Path) -> None:
         """What the run's ε means under its calibration: ``summary.json`` and a report section."""
         summary["dpfedc"] = calibration_note(self.cfg, summary)
+        summary["report_sections"] = ["dpfedc"]
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         (out / "privacy_report.md").write_text(format_privacy_report(summary))  # renders the note's section
 
@@ -130,6 +131,6 @@ def calibration_note(cfg: RunConfig, summary: RunSummary) -> dict[str, Any]:
                 f"Frobenius norm C = {cfg.clip:g} plus N(0, z^2 C^2) noise, z calibrated by the client for its "
                 f"budget with the {cfg.accountant} accountant; replace-one record-level (indeed client-level) "
                 f"(eps, delta)-DP, charged to each client's ledger. Largest eps this run: {worst}.")
-    return {"calibration": d.calibration,
+    return {"title": "DP-FedC calibration", "calibration": d.calibration,
             "nominal_epsilon_bar": d.epsilon_bar if d.calibration == "paper" else None,
             "rigorous_epsilon_max": worst, "statement": text}

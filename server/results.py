@@ -106,6 +106,7 @@ class RunSummary(TypedDict):
     threat_model: dict[str, Any]
     group_dp: NotRequired[dict[str, Any]]  # GDPFed family: the group plan, the aggregation
     dpfedc: NotRequired[dict[str, Any]]  # DP-FedC: what its ε means under its calibration
+    report_sections: NotRequired[list[str]]  # keys of sections {"title", "statement"} the privacy report renders
     status: NotRequired[str]
     audit: NotRequired[AuditSection]  # privet audit --out: the empirical ε beside the charge (write_audit)
 
@@ -545,8 +546,9 @@ def _format_run_report(summary: RunSummary) -> str:
         "derive itself (example count, the sigma it set, DP-SGD's q and steps); a reply whose claimed epsilon is",
         "below that recomputation is rejected. The server cannot see the noise a client actually added.",
     ]
-    if "dpfedc" in summary:  # what the run's ε means under DP-FedC's calibration (server.evaluation.calibration_note)
-        lines += ["", "## DP-FedC calibration", "", summary["dpfedc"]["statement"]]
+    for key in summary.get("report_sections", []):  # a task's own sections (server.evaluation: DP-FedC's calibration)
+        section = summary[key]  # type: ignore[literal-required]
+        lines += ["", f"## {section['title']}", "", section["statement"]]
     return "\n".join(lines) + "\n"
 
 
