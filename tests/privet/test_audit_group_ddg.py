@@ -14,6 +14,7 @@ variance they charge is flagged, and so is one whose noise the server regenerate
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -28,6 +29,7 @@ from privet.audit_cmd import audit
 from privet.audit_ddg import ddg_sum_parameters
 from privet.audit_games import STAND_IN_DIM
 from privet.audit_setup import setup
+from privet.cli import main
 from privet.run_config import load_experiment, validate
 
 #: The command of the defect report: GDPFed+ on secagg+ddg, budgets by groups (client 0: ε = 0.5, q_m = 0.01).
@@ -81,6 +83,20 @@ def test_the_gdpfed_plus_ddg_command_is_not_flagged_and_charges_the_curve_step()
     assert "Poisson-sampled at q=0.01" in a.result.describe_charges()
     assert a.result.charged_history() == [step.to_dict()]
     assert "group-ddg-sum" in "\n".join(report.lines())
+
+
+def test_the_command_writes_the_curve_step_into_audit_json(tmp_path, capsys):
+    """privet audit --out: exit 0, the report names the game, audit.json holds the step as a ledger file does."""
+    out = tmp_path / "audit"
+    args = [arg for v in GROUP_Q1 for arg in ("--set", v)]
+    rc = main(["audit", *args, "--canaries", "40", "--extension", "1", "--seed", "2", "--out", str(out)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "ok group-ddg-sum:" in printed.out
+    (record,) = json.loads((out / "audit.json").read_text())["audits"]
+    step, delta = _expected_step(GROUP_Q1)
+    assert record["game"] == "group-ddg-sum" and record["charged_history"] == [step.to_dict()]
+    assert record["charged_epsilon"] == pytest.approx(epsilon_of([step], delta, "rdp"), rel=1e-9)
 
 
 class QuietShares(GroupDiscreteGaussianShare):
