@@ -134,6 +134,7 @@ class AuditReport:
                        f"for {a.rounds_requested} rounds, a canary released at most {a.releases_per_canary}; "
                        f"noise {a.noise_source})")
             out.append(f"    observes: {a.observes}")
+            out.append(f"    charged: {a.result.describe_charges()}")
             if a.releases_per_canary == 0:
                 out.append("    no canary client released anything (each refused every round): nothing was observed")
             out.append(f"    {a.line()}")

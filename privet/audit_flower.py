@@ -400,7 +400,7 @@ def _ledger(grid: InProcessGrid, node: int) -> PrivacyLedger:
             raise RuntimeError(f"canary node {node} keeps a ledger in its state but none in {path}")
         return PrivacyLedger(math.inf, 0.5)
     ledger = PrivacyLedger.load(path)
-    if STATE_KEY not in state or PrivacyLedger.from_json(str(state[STATE_KEY]["json"])).history != ledger.history:
+    if STATE_KEY not in state or PrivacyLedger.from_json(str(state[STATE_KEY]["json"])).charges() != ledger.charges():
         raise RuntimeError(f"canary node {node}: its ledger file {path} and its node state disagree")
     return ledger
 
@@ -511,8 +511,8 @@ def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarra
     canary_nodes = grid.canary_nodes
     shapes = [np.shape(w) for w in grid.initial]
     ledgers = [_ledger(grid, node) for node in canary_nodes]
-    charged = max({tuple(led.history): led for led in ledgers}.values(), key=lambda led: (led.spent(),
-                                                                                            len(led.history)))
+    charged = max({tuple(led.charges()): led for led in ledgers}.values(), key=lambda led: (led.spent(),
+                                                                                              len(led.charges())))
     change = _flat(final) - _flat(grid.initial)
     if plan.noise_source == "seeded":  # every client's noise regenerated, in the FedAvg means of the rounds
         change = explained(change, _replayed_mean(plan, grid.replies))
@@ -533,7 +533,7 @@ def _report(plan: _Plan, grid: _AuditGrid, secrets: np.ndarray, seeds: np.ndarra
     audits = []
     for view, (scores, cosines, count) in views.items():
         started = time.perf_counter()
-        obs = Observation(secrets, scores, cosines, tuple(charged.history), "replace-one", int(count))
+        obs = Observation(secrets, scores, cosines, tuple(charged.charges()), "replace-one", int(count))
         result = assess(obs, f"{plan.mechanism} ({view})", delta=charged.delta, confidence=confidence,
                         accountant=charged.conversion(), started=started)
         audits.append(FlowerAudit(view=view, mechanism=plan.mechanism, result=result,

@@ -223,8 +223,8 @@ def unit_rows(rng: np.random.Generator, count: int, dim: int) -> np.ndarray:
 
 def most_charged(ledgers: Sequence[PrivacyLedger]) -> PrivacyLedger:
     """The canary ledger that charged the most (one per distinct history: the canaries' agree but for refusals)."""
-    distinct = {tuple(ledger.history): ledger for ledger in ledgers}
-    return max(distinct.values(), key=lambda ledger: (ledger.spent(), len(ledger.history)))
+    distinct = {tuple(ledger.charges()): ledger for ledger in ledgers}
+    return max(distinct.values(), key=lambda ledger: (ledger.spent(), len(ledger.charges())))
 
 
 def _client_level(setup: AuditSetup, game: str, *, canaries: int, extension: int, rng: np.random.Generator,
@@ -292,7 +292,7 @@ def _client_level(setup: AuditSetup, game: str, *, canaries: int, extension: int
         ledgers += own.values()
     scores = np.einsum("ij,ij->i", observed, directions) / clip
     ledger = most_charged(ledgers)
-    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(ledger.history),
+    obs = Observation(secrets, scores, canary_cosines(observed, directions), tuple(ledger.charges()),
                       "replace-one", releases)
     return Played(obs, probe.kind, ledger.conversion(),
                   noise_multiplier=float(np.median(sent)) if sent else float(train.noise_multiplier),
@@ -386,7 +386,7 @@ def _dpsgd_run(setup: AuditSetup, *, canaries: int, extension: int, rng: np.rand
     directions[np.arange(m), m + np.arange(m)] = 1.0
     directions[np.arange(m), np.arange(m)] = -1.0
     cos = canary_cosines(np.concatenate([released[0], released[1]]), directions)
-    obs = Observation(secrets, scores, cos, tuple(ledger.history), "replace-one", releases)
+    obs = Observation(secrets, scores, cos, tuple(ledger.charges()), "replace-one", releases)
     return Played(obs, mechanism.kind, ledger.conversion(), noise_multiplier=sigma, sample_rate=rate, clip=clip,
                   steps=steps, rounds_requested=rounds, releases_per_canary=releases)
 
@@ -478,6 +478,7 @@ GAMES: Final[dict[str, str]] = {
     "dpsgd-final": "privet.audit_games:DPSGD_FINAL",
     "centroids": "privet.audit_centroids:CENTROIDS",
     "ddg-sum": "privet.audit_ddg:DDG_SUM",
+    "group-ddg-sum": "privet.audit_group_ddg:GROUP_DDG_SUM",
 }
 
 

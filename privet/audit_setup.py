@@ -146,13 +146,13 @@ def mechanism_kind(setup: AuditSetup) -> str:
     inputs (the clustering section, the sum's parameters) to be built; their kinds are named
     from the config. Every other mechanism is built as the round builds it, for a shard of one.
     """
-    from privacy.mechanisms import CentroidRelease, SecureDiscreteGaussianShare
+    from privacy.mechanisms import CentroidRelease, GroupDiscreteGaussianShare, SecureDiscreteGaussianShare
     from strategies.dpfedc import DPFedC
 
     if isinstance(setup.strategy, DPFedC):
         return CentroidRelease.kind
-    if setup.cfg.secure_aggregation == "secagg+ddg":
-        return SecureDiscreteGaussianShare.kind
+    if setup.cfg.secure_aggregation == "secagg+ddg":  # GDPFed's group sums, or one sum of every member
+        return GroupDiscreteGaussianShare.kind if setup.train.group_round else SecureDiscreteGaussianShare.kind
     probe = setup.train.mechanism(num_examples=1, delta=setup.profile.delta, secure_floor=setup.secure_floor)
     return str(probe.kind)
 

@@ -111,7 +111,7 @@ class AuditRecord:
                 "one_shot_epsilon": json_epsilon(r.one_shot_epsilon), "charged_epsilon": r.charged_epsilon,
                 "delta": r.delta, "confidence": r.confidence, "canaries": r.canaries, "releases": r.releases,
                 "violation": r.violation, "profile": [list(p) for p in r.profile],
-                "charged_history": [list(s) for s in r.history], "relation": r.relation, "seconds": r.seconds}
+                "charged_history": r.charged_history(), "relation": r.relation, "seconds": r.seconds}
 
     def summary_entry(self, game: str, level: str, observes: str) -> AuditedMechanism:
         """This mechanism in ``summary.json``'s ``audit`` section, under the name ``game`` (what ran it),
