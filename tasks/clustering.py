@@ -44,6 +44,7 @@ import tarfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +123,7 @@ class ClusteringParams:
         return self.q2 if self.q2 > 0 else self.q_hat // max(t, 1) + 1
 
 
-def paper_params(total_sq_norm: float, num_clients: int, **overrides) -> ClusteringParams:
+def paper_params(total_sq_norm: float, num_clients: int, **overrides: Any) -> ClusteringParams:
     """§VI-A: ρ = 10⁻⁷ ‖X‖²_F / N, μ_h = 10⁻¹⁰ ‖X‖²_F / N, μ_w = 0.
 
     ‖X‖²_F is a data-dependent scalar; the paper fixes it from the data. A deployment
@@ -179,20 +180,22 @@ def grad_h(x: np.ndarray, w: np.ndarray, h: np.ndarray, p: ClusteringParams,
     """∇_H F_i = 2WᵀW H − 2WᵀX + c_ρ ρ 1 1ᵀH + (μ_h − ρ) H (eq. 80, c_ρ per ``p``)."""
     wtw = w.T @ w if wtw is None else wtw
     wtx = w.T @ x if wtx is None else wtx
-    return (2.0 * wtw @ h - 2.0 * wtx + p.c_rho * p.rho * h.sum(axis=0, keepdims=True)
-            + (p.mu_h - p.rho) * h)
+    out: np.ndarray = (2.0 * wtw @ h - 2.0 * wtx + p.c_rho * p.rho * h.sum(axis=0, keepdims=True)
+                       + (p.mu_h - p.rho) * h)
+    return out
 
 
 def grad_w(x: np.ndarray, w: np.ndarray, h: np.ndarray, mu_w: float = 0.0) -> np.ndarray:
     """∇_W of ‖X − WH‖² + (μ_w/2)‖W‖² on the given columns: 2W H Hᵀ − 2X Hᵀ + μ_w W (eq. 81)."""
-    return 2.0 * (w @ (h @ h.T)) - 2.0 * (x @ h.T) + mu_w * w
+    out: np.ndarray = 2.0 * (w @ (h @ h.T)) - 2.0 * (x @ h.T) + mu_w * w
+    return out
 
 
 def lipschitz_h(w: np.ndarray, p: ClusteringParams) -> float:
     """L_H = 2λ_max(WᵀW) + ρ(c_ρ k − 1) + μ_h >= ‖∇²_H F_i‖₂, the Lipschitz constant of (80)
     (docs/notes/dpfedc.md §3.3; the penalty's Hessian per column is c_ρρ11ᵀ − ρI + μ_h I).
     """
-    return 2.0 * float(np.linalg.eigvalsh(w.T @ w)[-1]) + p.rho * (p.c_rho * w.shape[1] - 1) + p.mu_h
+    return float(2.0 * float(np.linalg.eigvalsh(w.T @ w)[-1]) + p.rho * (p.c_rho * w.shape[1] - 1) + p.mu_h)
 
 
 # ----------------------------------------------------------------------------- one round
@@ -289,13 +292,15 @@ def w_phase(x: np.ndarray, w: np.ndarray, h: np.ndarray, p: ClusteringParams, st
 # ----------------------------------------------------------------------------- metrics
 def cluster_labels(h: np.ndarray) -> np.ndarray:
     """Hard assignment: sample j goes to argmax_l H(l, j) (paper §VI-A)."""
-    return np.argmax(h, axis=0)
+    out: np.ndarray = np.argmax(h, axis=0)
+    return out
 
 
 def nearest_centroid(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """argmin_l ‖x_j − w_l‖² for every column x_j (the k-means assignment, eq. 9)."""
     d = np.sum(w * w, axis=0)[:, None] - 2.0 * (w.T @ x)
-    return np.argmin(d, axis=0)
+    out: np.ndarray = np.argmin(d, axis=0)
+    return out
 
 
 def contingency(pred: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -287,7 +287,8 @@ def _pool_labels(splits: DatasetSplits, pool: np.ndarray) -> np.ndarray:
     """
     if len(pool) == len(splits.train.y):  # training_pool's "test": every index, in order
         return splits.train.y
-    return splits.train.y[pool]
+    picked: np.ndarray = splits.train.y[pool]
+    return picked
 
 
 def client_data(
