@@ -9,16 +9,12 @@ import none of them (tests/privet/test_cli_imports.py); :func:`add_parser`'s com
 from __future__ import annotations
 
 import argparse
-from typing import Any, Final
+from typing import Any
 
 from privacy.auditing import DEFAULT_CONFIDENCE
+from privet.audit_defaults import DEFAULT_CANARIES, DEFAULT_EXTENSION
 
-__all__ = ["AUDIT_HELP", "DEFAULT_CANARIES", "DEFAULT_EXTENSION", "add_parser"]
-
-#: Default canaries (client-level: canary clients; record-level: canary records in one shard).
-DEFAULT_CANARIES: Final = 1000
-#: The deviating server asks for this many times the T rounds the run declared.
-DEFAULT_EXTENSION: Final = 2
+__all__ = ["AUDIT_HELP", "add_parser"]
 
 AUDIT_HELP = """\
 Measure each privacy mechanism of a run config empirically: run it on canaries (in this

@@ -47,7 +47,7 @@ import numpy as np
 from client.release import client_release
 from privacy.auditing import DEFAULT_CONFIDENCE
 from privacy.mechanism_audit import assess
-from privet.audit_cli import DEFAULT_CANARIES, DEFAULT_EXTENSION
+from privet.audit_defaults import DEFAULT_CANARIES, DEFAULT_EXTENSION
 from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
 from privet.audit_setup import RUN_ID, AuditConfigError, MechanismHook
 from privet.audit_setup import setup as audit_setup
