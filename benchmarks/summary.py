@@ -76,6 +76,13 @@ ROWS: tuple[Row, ...] = (
          Cell("secure_sum.md", "120", "bytes down per client", "The roster per client"))),
     Row("GDPFed+'s server step vs FedAvg's weighted mean of 120 models", "{}",
         (Cell("gdpfed.md", "GDPFed+ server step (3 group sums + top-k (0.7,0.8,0.9) + ω_m)", "ratio"),)),
+    Row("what a user waits for, each a fresh process (wall s, idle machine): `privet --help` / a config error / "
+        "a tiny in-process run (2 clients × 100 examples, 1 round) against the targets 1.5 / 1.5 / 5 s",
+        "{} / {} / {} s",
+        (Cell("fixed_costs.md", "privet --help", "median s", "Fixed costs"),
+         Cell("fixed_costs.md", "config error (privet run --set num-clients=-3)", "median s", "Fixed costs"),
+         Cell("fixed_costs.md", "tiny in-process run (2 clients x 100 examples, 1 round, logreg)", "median s",
+              "Fixed costs"))),
     Row("`flwr run .` vs `privet run`, the default experiment, whole process wall time (paired)", "{} (medians {} s and {} s)",
         (Cell("flwr_run.md", "A/B wall", "median"), Cell("flwr_run.md", "A wall s", "median"),
          Cell("flwr_run.md", "B wall s", "median"))),
