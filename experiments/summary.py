@@ -132,6 +132,9 @@ def _gdpfed_rows() -> list[Row]:
         gap = f"{100 * next(iter(one.values())):+.1f} (1)"
     rows.append(Row("GDPFed", regime, "GDPFed+ − DP-FedAvg (pp)", gap, f"{paper_gap:+.2f}",
                     "experiments/gdpfed/README.md"))
+    if len(paired_gaps(final["gdpfed-plus"], stepped)) > 1:
+        rows.append(Row("GDPFed", regime, "GDPFed+ − DP-FedAvg at server step 0.5 (pp)",
+                        _gap(final["gdpfed-plus"], stepped), f"{paper_gap:+.2f}", "experiments/gdpfed/README.md"))
     return rows
 
 
