@@ -45,12 +45,15 @@ only its RDP bound. Replace-one only.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
+import sys
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -183,6 +186,34 @@ def import_opacus() -> ModuleType:
         root.removeHandler(placeholder)
     module: ModuleType = opacus
     return module
+
+
+def _opacus_rdp() -> ModuleType:
+    """Opacus' RDP analysis, ``opacus/accountants/analysis/rdp.py``, without importing ``opacus``.
+
+    The file needs only numpy and scipy.special. Importing it as ``opacus.accountants.analysis.rdp``
+    would first run ``opacus/__init__``, which builds the PrivacyEngine, its optimizers and
+    ``torch.distributed.tensor`` (about 1 s of a client's start-up, #38) although RDP accounting
+    uses none of them. So the same file is executed as a module of its own; where Opacus is already
+    imported (a DP-SGD client), its module is used.
+    """
+    global _RDP_MODULE
+    if _RDP_MODULE is None:
+        loaded = sys.modules.get("opacus.accountants.analysis.rdp")
+        if loaded is None:
+            package = importlib.util.find_spec("opacus")
+            if package is None or not package.submodule_search_locations:  # pragma: no cover
+                raise ImportError("privacy accounting needs Opacus; install it with `pip install opacus==1.6.0`")
+            path = Path(next(iter(package.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
+            spec = importlib.util.spec_from_file_location("privacy._opacus_rdp", path)
+            assert spec is not None and spec.loader is not None
+            loaded = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(loaded)
+        _RDP_MODULE = loaded
+    return _RDP_MODULE
+
+
+_RDP_MODULE: ModuleType | None = None
 
 
 def _opacus_accountants() -> ModuleType:
@@ -345,7 +376,7 @@ def _curve_epsilon(gaussian: tuple[Step, ...], curves: tuple[CurveStep, ...], de
 
     The conversion is Opacus' (Balle et al. 2020, Thm. 21), the one :func:`_rdp_epsilon` uses.
     """
-    analysis = _opacus_accountants().analysis.rdp
+    analysis = _opacus_rdp()
     orders = curve_orders()
     as_float = tuple(float(a) for a in orders)
     rdp = np.zeros(len(orders))
@@ -420,7 +451,7 @@ def _rdp_epsilon(steps: tuple[Step, ...], delta: float, relation: str = REPLACE_
     history and converts once; we do the same, but keep each (σ, q)'s per-step RDP curve
     in a cache, so a ledger that grows round by round does not recompute old entries.
     """
-    analysis = _opacus_accountants().analysis.rdp
+    analysis = _opacus_rdp()
     orders = RDP_ORDERS
     curve = _rdp_curve if relation == ADD_REMOVE else _replace_one_rdp_curve
     rdp = sum([np.asarray(curve(sigma, rate, orders)) * count for sigma, rate, count in steps])
@@ -438,7 +469,7 @@ def _rdp_epsilon(steps: tuple[Step, ...], delta: float, relation: str = REPLACE_
 @lru_cache(maxsize=4096)
 def _rdp_curve(sigma: float, rate: float, orders: tuple[float, ...]) -> tuple[float, ...]:
     """Per-step RDP of the q-subsampled Gaussian with multiplier σ at each order."""
-    analysis = _opacus_accountants().analysis.rdp
+    analysis = _opacus_rdp()
     curve = analysis.compute_rdp(q=rate, noise_multiplier=sigma, steps=1, orders=list(orders))
     return tuple(float(x) for x in curve)
 

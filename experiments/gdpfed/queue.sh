@@ -20,9 +20,11 @@ QUEUE=(
   "dp-fedavg 2" "gdpfed-plus 2" "fedavg 2"
   "dp-fedavg 1 gdpfed.server-step=0.5" "dp-fedavg 2 gdpfed.server-step=0.5"
   "gdpfed-plus 3" "dp-fedavg 3" "fedavg 3"
+  "dp-fedavg 3 gdpfed.server-step=0.5"
+  "gdpfed-plus 4" "dp-fedavg 4" "gdpfed-plus 5" "dp-fedavg 5"
+  "dp-fedavg 4 gdpfed.server-step=0.5" "dp-fedavg 5 gdpfed.server-step=0.5"
+  "fedavg 4" "fedavg 5"
   "gdpfed 1" "idp-fedavg-sample 1" "gdpfed 2" "idp-fedavg-sample 2" "gdpfed 3" "idp-fedavg-sample 3"
-  "dp-fedavg 4" "gdpfed-plus 4" "fedavg 4"
-  "dp-fedavg 5" "gdpfed-plus 5" "fedavg 5"
 )
 # WAIT_FOR=<pid>: start only after that process (a run of an earlier queue left to finish) has ended.
 while [ -n "${WAIT_FOR:-}" ] && kill -0 "$WAIT_FOR" 2>/dev/null; do sleep 20; done
