@@ -72,6 +72,7 @@ from tasks.models import (
     weight_names,
 )
 from tasks.partition import HOLDOUT_FRACTION, training_size
+from tasks.sgd import SGD
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +182,8 @@ def _train_additive(
     state = module.state_dict()
     u_t = {n: t.detach().clone().requires_grad_(True) for n, t in state.items()}
     v_t = {n: torch.tensor(v[n], dtype=state[n].dtype).requires_grad_(True) for n in state}
-    optimizer = torch.optim.SGD(
-        [{"params": list(u_t.values()), "lr": cfg.learning_rate},
-         {"params": list(v_t.values()), "lr": alpha * cfg.learning_rate}],
-        momentum=cfg.momentum,
-    )
+    optimizers = (SGD(u_t.values(), lr=cfg.learning_rate, momentum=cfg.momentum),
+                  SGD(v_t.values(), lr=alpha * cfg.learning_rate, momentum=cfg.momentum))
     generator = torch.Generator().manual_seed(cfg.seed)
     module.train()
     total, seen, steps = 0.0, 0, 0
@@ -195,11 +193,13 @@ def _train_additive(
             for start in range(0, len(data), cfg.batch_size):
                 rows = order[start: start + cfg.batch_size]
                 x, y = torch.tensor(data.x[rows]), torch.tensor(data.y[rows])
-                optimizer.zero_grad(set_to_none=True)
+                for optimizer in optimizers:
+                    optimizer.zero_grad(set_to_none=True)
                 logits = functional_call(module, {n: u_t[n] + v_t[n] for n in state}, (x,))
                 loss = F.cross_entropy(logits, y)
                 loss.backward()
-                optimizer.step()
+                for optimizer in optimizers:
+                    optimizer.step()
                 total += float(loss.detach()) * len(y)
                 seen += len(y)
                 steps += 1

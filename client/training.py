@@ -47,6 +47,7 @@ from privacy.randomness import NoiseSource
 from tasks.array_dataset import ArrayDataset
 from tasks.model_names import BK_MODE, LINEAR_MODE
 from tasks.models import train_plain
+from tasks.sgd import SGD
 
 # Opacus' ghost clipping backpropagates from the loss to module outputs on purpose, and
 # PyTorch warns about it on every step (60 times in the default run): not the user's business.
@@ -144,14 +145,15 @@ def train_dpsgd(
     steps = dpsgd_steps_per_round(n, cfg.batch_size, cfg.epochs, cfg.steps)
     x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones get no noise either
-    optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
     batches = poisson_batches(n, rate, steps, noise)
     if grad_sample_mode in (LINEAR_MODE, BK_MODE):
         kind = LinearDPSGD if grad_sample_mode == LINEAR_MODE else BookKeepingDPSGD
         stepper = kind(model, clip=clip, noise_multiplier=noise_multiplier,
                        expected_batch_size=dpsgd_expected_batch(n, cfg.batch_size), noise=noise)
-        losses = _book_keeping_steps(model, optimizer, stepper, x_all, y_all, batches)
-    else:
+        sgd = SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
+        losses = _book_keeping_steps(model, sgd, stepper, x_all, y_all, batches)
+    else:  # Opacus wraps a torch.optim optimizer
+        optimizer = torch.optim.SGD(trainable, lr=cfg.learning_rate, momentum=cfg.momentum)
         losses = _opacus_steps(model, optimizer, x_all, y_all, batches, cfg.batch_size, clip=clip,
                                noise_multiplier=noise_multiplier, noise=noise, grad_sample_mode=grad_sample_mode)
     metrics = {
@@ -161,7 +163,7 @@ def train_dpsgd(
     return metrics, [(float(noise_multiplier), rate, steps)]
 
 
-def _book_keeping_steps(model: nn.Module, optimizer: torch.optim.Optimizer, stepper: BookKeepingDPSGD,
+def _book_keeping_steps(model: nn.Module, optimizer: SGD, stepper: BookKeepingDPSGD,
                         x_all: torch.Tensor, y_all: torch.Tensor, batches: Iterator[np.ndarray]) -> list[float]:
     """DP-SGD steps by book-keeping clipping on the given batches; the loss of each non-empty one."""
     model.train()

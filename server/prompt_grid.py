@@ -19,6 +19,8 @@ from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from server.federation import grid_is
+
 #: Seconds between two pulls of the replies (Flower 1.39's gRPC grid: 3); one small request
 #: to the SuperLink each.
 REPLY_POLL_SECONDS: Final = 0.2
@@ -75,6 +77,4 @@ class PromptGrid(Grid):
 
 def prompt(grid: Grid) -> Grid:
     """``grid`` wrapped in :class:`PromptGrid` if it is Flower's deployed (HTTP/gRPC) grid."""
-    from flwr.superlink.grid import HttpGrid
-
-    return PromptGrid(grid) if isinstance(grid, HttpGrid) else grid
+    return PromptGrid(grid) if grid_is(grid, "HttpGrid") else grid

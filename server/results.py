@@ -45,6 +45,7 @@ from privacy.mechanisms import Mechanism
 from server.audit_merge import carried_audit, config_record
 from server.audit_text import AuditSection, audit_lines
 from server.config import RunConfig
+from server.progress_plot import plot_progress
 from server.threat_model import threat_model
 from strategies.base import ClientAccount, PrivacyAwareFedAvg
 from strategies.catalogue import CATALOGUE
@@ -607,41 +608,3 @@ def _sampler_line(secure: Any) -> str:
                 "(Canonne, Kamath & Steinke 2020), so floating-point attacks on the sampler do not apply.")
     return ("- floating-point attacks on the Gaussian sampler are not countered (float Gaussian noise; "
             "secure-aggregation = \"secagg+ddg\" draws exact integer noise instead).")
-
-
-def plot_progress(rounds: list[dict[str, Any]], path: Path) -> None:
-    """Accuracy and max/mean spent ε over rounds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [r["round"] for r in rounds if r.get("accuracy") is not None]
-    acc = [r["accuracy"] for r in rounds if r.get("accuracy") is not None]
-    eps_rounds = [r for r in rounds if r.get("epsilon_spent_max") is not None and r.get("num_registered")]
-    private = any(r["epsilon_spent_max"] > 0 for r in eps_rounds)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax1.plot(xs, acc, marker="o")
-    ax1.set_xlabel("round")
-    ax1.set_ylabel("test accuracy")
-    ax1.grid(alpha=0.3)
-    if private:  # statistics over every registered client, written with each round
-        ex = [r["round"] for r in eps_rounds]
-        ax2.plot(ex, [r["epsilon_spent_max"] for r in eps_rounds], marker="o", label="max over clients")
-        ax2.plot(ex, [r["epsilon_spent_mean"] for r in eps_rounds], marker="s", label="mean over clients")
-        ax2.legend()
-    else:  # a non-private run: nothing to draw, and no axis pretending otherwise
-        ax2.text(0.5, 0.5, "non-private run:\nno epsilon spent or bounded", ha="center", va="center",
-                 transform=ax2.transAxes)
-        ax2.set_xticks([])
-        ax2.set_yticks([])
-    ax2.set_xlabel("round")
-    ax2.set_ylabel("cumulative epsilon spent")
-    from matplotlib.ticker import MaxNLocator
-
-    for ax in (ax1, ax2) if private else (ax1,):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -39,6 +39,7 @@ from tasks.array_dataset import ArrayDataset
 from tasks.model_names import (
     MODELS,
 )
+from tasks.sgd import SGD
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +430,7 @@ def train_plain(
     if len(data) == 0:
         raise ValueError(f"train_plain: dataset {data.name!r} is empty")
     device = _device(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    optimizer = SGD(model.parameters(), lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed)
     model.train()
     batches_per_pass = -(-len(data) // batch_size)

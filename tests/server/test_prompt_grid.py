@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -57,3 +59,32 @@ def test_a_missing_reply_ends_the_exchange_at_the_timeout_with_the_rest():
 def test_only_the_deployed_grid_is_wrapped():
     grid = InProcessGrid(lambda *_: None, [], {})  # type: ignore[arg-type]
     assert prompt(grid) is grid
+
+
+def test_flowers_deployed_grid_is_wrapped_and_its_simulation_grid_recognised():
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import HttpGrid, InMemoryGrid
+
+    from server.federation import is_simulation
+
+    deployed = HttpGrid("127.0.0.1:9", insecure=True, token="t")  # connects on first use only
+    assert isinstance(prompt(deployed), PromptGrid)
+    assert not is_simulation(deployed)
+    simulated = InMemoryGrid(state_factory=LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
+                                                                  ObjectStoreFactory()))
+    assert is_simulation(simulated) and prompt(simulated) is simulated
+    assert not is_simulation(InProcessGrid(lambda *_: None, [], {}))  # type: ignore[arg-type]
+
+
+def test_telling_grids_apart_imports_none_of_flowers_link_state():
+    """The in-process run never pays for Flower's link-state stack (0.8 s of imports, #38)."""
+    probe = ("import sys\nfrom privet.inprocess import InProcessGrid\nfrom server.federation import is_simulation\n"
+             "from server.prompt_grid import prompt\ngrid = InProcessGrid(lambda *_: None, [], {})\n"
+             "assert prompt(grid) is grid and not is_simulation(grid)\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('flwr.superlink.grid', 'flwr.server.superlink.linkstate'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
