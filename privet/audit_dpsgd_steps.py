@@ -22,8 +22,8 @@ record touches coordinate column i.
 
 **What the adversary sees** (white-box, the server's view if it saw every step): each step's
 noisy clipped gradient sum o_t = Σ_{j ∈ batch} clip(g_j) + N(0, σ²C² I), read as the optimizer
-step's ``p.grad`` times the expected batch size (a global pre-hook on ``torch.optim.SGD.step``,
-the optimizer both code paths step; nothing in them is changed), and the weights w_t before the
+step's ``p.grad`` times the expected batch size (global pre-step hooks on ``tasks.sgd.SGD`` and
+``torch.optim.SGD``, the optimizers the code paths step; nothing in them is changed), and the weights w_t before the
 step. Per canary and step, the projection z = ⟨o_t, v_i⟩ is N(0, σ²C²) when the record was not
 sampled and N(μ_S, σ²C²) when it was (probability q), with μ_S the clipped gradient's projection
 for label (1 + S)/2 at w_t, which the adversary computes. The score is the sum over steps of the
@@ -40,7 +40,7 @@ step. The server asks for ``extension`` × T rounds; the client's ledger refuses
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -104,25 +104,37 @@ def mixture_log_ratio(z: np.ndarray, rate: float, std: float, mean_pos: np.ndarr
 
 @contextmanager
 def _watching_steps(weight: Any, seen: list[tuple[np.ndarray, np.ndarray]]) -> Iterator[None]:
-    """Record (W before the step, W.grad) at every ``torch.optim.SGD`` step that updates ``weight``."""
+    """Record (W before the step, W.grad) at every SGD step that updates ``weight``.
+
+    Both optimizers a client steps are watched: ``tasks.sgd.SGD`` (book-keeping and Linear-only
+    DP-SGD) and ``torch.optim.SGD`` (the one Opacus' DPOptimizer wraps; the wrapper itself is skipped).
+    """
     import torch
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if type(optimizer) is not torch.optim.SGD:  # Opacus' DPOptimizer wraps the SGD that steps
-            return
-        if not any(p is weight for group in optimizer.param_groups for p in group["params"]):
+    from tasks.sgd import SGD, register_step_pre_hook
+
+    def record(params: Iterable[Any]) -> None:
+        if not any(p is weight for p in params):
             return
         grad = weight.grad
         assert grad is not None, "a DP-SGD step without a gradient"
         seen.append((weight.detach().cpu().numpy().astype(np.float64),
                      grad.detach().cpu().numpy().astype(np.float64)))
 
-    handle = register_optimizer_step_pre_hook(hook)
+    def torch_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if type(optimizer) is torch.optim.SGD:  # Opacus' DPOptimizer wraps the SGD that steps
+            record(p for group in optimizer.param_groups for p in group["params"])
+
+    def own_hook(optimizer: SGD) -> None:
+        record(optimizer.params)
+
+    handles = [register_optimizer_step_pre_hook(torch_hook), register_step_pre_hook(own_hook)]
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def dpsgd_steps_game(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,

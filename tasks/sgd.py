@@ -17,11 +17,24 @@ which a client that takes a few steps per round should not pay (#38). Opacus' DP
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
-__all__ = ["SGD"]
+__all__ = ["SGD", "register_step_pre_hook"]
+
+#: Called with the optimizer before every :meth:`SGD.step` (what ``privet audit`` observes), as
+#: ``torch.optim.optimizer.register_optimizer_step_pre_hook`` does for torch's optimizers.
+_STEP_PRE_HOOKS: OrderedDict[int, Callable[[SGD], None]] = OrderedDict()  # RemovableHandle holds a weakref
+
+
+def register_step_pre_hook(hook: Callable[[SGD], None]) -> RemovableHandle:
+    """Call ``hook(optimizer)`` before every step of every :class:`SGD`; ``.remove()`` the handle to stop."""
+    handle = RemovableHandle(_STEP_PRE_HOOKS)
+    _STEP_PRE_HOOKS[handle.id] = hook
+    return handle
 
 
 class SGD:
@@ -50,6 +63,8 @@ class SGD:
     @torch.no_grad()
     def step(self) -> None:
         """One update of every parameter that has a gradient."""
+        for hook in tuple(_STEP_PRE_HOOKS.values()):
+            hook(self)
         for i, param in enumerate(self.params):
             grad = param.grad
             if grad is None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.sgd import SGD
+from tasks.sgd import SGD, register_step_pre_hook
 
 
 def _model(seed: int) -> nn.Module:
@@ -60,3 +60,19 @@ def test_a_training_step_does_not_import_torch_dynamo():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "False"
+
+
+def test_a_step_pre_hook_sees_every_step_before_the_update_until_removed():
+    model = _model(3)
+    optimizer = SGD(model.parameters(), lr=0.5)
+    seen: list[torch.Tensor] = []
+    handle = register_step_pre_hook(lambda opt: seen.append(opt.params[0].detach().clone()))
+    before = model[0].weight.detach().clone()
+    for _ in range(2):
+        model(torch.ones(2, 6)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    handle.remove()
+    model(torch.ones(2, 6)).sum().backward()
+    optimizer.step()
+    assert len(seen) == 2 and torch.equal(seen[0], before) and not torch.equal(seen[1], before)
