@@ -237,10 +237,12 @@ def test_compose_stack_with_tls_and_node_auth(tmp_path, docker_engine):
 
         # the run meets two restarts of supernode-1's container, after round 1 and after round 2: the
         # site comes back with its ledger volume, continues the run under the cap it stored with the
-        # ledger (run-epsilon), and the run completes (a lost reply costs at most round-timeout)
+        # ledger (run-epsilon), and the run completes (a lost reply costs at most round-timeout). The
+        # timeout is also the train messages' TTL: a restarted container that needs longer than it to pull
+        # its message refuses it as stale, so it is set well above a restart on a loaded 2-core machine.
         t = time.monotonic()
         link = _run([*dc, "ps", "-q", "superlink"], cwd=ctx, env=env).stdout.strip()
-        run_id = submit("ci", **{"round-timeout": 90.0, "num-server-rounds": ROUNDS, "run-epsilon": RUN_EPSILON})
+        run_id = submit("ci", **{"round-timeout": 180.0, "num-server-rounds": ROUNDS, "run-epsilon": RUN_EPSILON})
         for after in (1, 2):
             deadline = time.monotonic() + 300
             while f'"round": {after}' not in _run(
