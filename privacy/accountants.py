@@ -188,6 +188,7 @@ def import_opacus() -> ModuleType:
     return module
 
 
+@lru_cache(maxsize=1)
 def _opacus_rdp() -> ModuleType:
     """Opacus' RDP analysis, ``opacus/accountants/analysis/rdp.py``, without importing ``opacus``.
 
@@ -197,23 +198,18 @@ def _opacus_rdp() -> ModuleType:
     uses none of them. So the same file is executed as a module of its own; where Opacus is already
     imported (a DP-SGD client), its module is used.
     """
-    global _RDP_MODULE
-    if _RDP_MODULE is None:
-        loaded = sys.modules.get("opacus.accountants.analysis.rdp")
-        if loaded is None:
-            package = importlib.util.find_spec("opacus")
-            if package is None or not package.submodule_search_locations:  # pragma: no cover
-                raise ImportError("privacy accounting needs Opacus; install it with `pip install opacus==1.6.0`")
-            path = Path(next(iter(package.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
-            spec = importlib.util.spec_from_file_location("privacy._opacus_rdp", path)
-            assert spec is not None and spec.loader is not None
-            loaded = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(loaded)
-        _RDP_MODULE = loaded
-    return _RDP_MODULE
-
-
-_RDP_MODULE: ModuleType | None = None
+    loaded = sys.modules.get("opacus.accountants.analysis.rdp")
+    if loaded is not None:
+        return loaded
+    package = importlib.util.find_spec("opacus")
+    if package is None or not package.submodule_search_locations:  # pragma: no cover
+        raise ImportError("privacy accounting needs Opacus; install it with `pip install opacus==1.6.0`")
+    path = Path(next(iter(package.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
+    spec = importlib.util.spec_from_file_location("privacy._opacus_rdp", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _opacus_accountants() -> ModuleType:

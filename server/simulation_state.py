@@ -33,6 +33,8 @@ from flwr.server.superlink.linkstate import InMemoryLinkState
 from flwr.serverapp import Grid
 from flwr.supercore.date import now
 
+from server.federation import is_simulation
+
 
 class NodeIndex:
     """Stored instruction messages of one :class:`InMemoryLinkState`, by destination node."""
@@ -115,9 +117,7 @@ def index_by_node(state: InMemoryLinkState) -> NodeIndex:
 
 def index_simulation_state(grid: Grid) -> NodeIndex | None:
     """Index the LinkState behind ``grid`` if it is Flower's simulation grid; else nothing."""
-    from flwr.superlink.grid import InMemoryGrid
-
     state = getattr(grid, "state", None)
-    if isinstance(grid, InMemoryGrid) and isinstance(state, InMemoryLinkState):
+    if is_simulation(grid) and isinstance(state, InMemoryLinkState):
         return index_by_node(state)
     return None
