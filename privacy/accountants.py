@@ -410,11 +410,10 @@ def _gaussian_epsilon(steps: tuple[Step, ...], delta: float, relation: str) -> f
     add/remove, in units of C) compose to one Gaussian pair N(0, 1) vs N(μ, 1) with
     μ² = Σ_i n_i Δ²/σ_i² (Dong, Roth & Su 2022, Cor. 3.3), whose privacy profile is
     δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ) (Balle & Wang 2018, Thm. 8). ε is the root of
-    δ(ε) = δ, found by Brent's method and stepped up until δ(ε) <= δ is verified, so it is
-    an upper bound; what the PLD accountant approximates with a discretisation, in
-    microseconds instead of ~50 ms.
+    δ(ε) = δ, found by bisection on the bracket [ε with δ(ε) > δ, ε with δ(ε) <= δ]; the end
+    returned is the verified one, so ε is an upper bound; what the PLD accountant approximates
+    with a discretisation, in microseconds instead of ~50 ms (and without scipy.optimize).
     """
-    from scipy.optimize import brentq
     from scipy.special import log_ndtr
 
     sensitivity = 2.0 if relation == REPLACE_ONE else 1.0
@@ -429,23 +428,25 @@ def _gaussian_epsilon(steps: tuple[Step, ...], delta: float, relation: str) -> f
 
     if excess(0.0) <= 0:
         return 0.0
-    high = 1.0
+    low, high = 0.0, 1.0  # excess(low) > 0 >= excess(high)
     while excess(high) > 0:
-        high *= 2.0
-    root = float(brentq(excess, 0.0, high, xtol=1e-12, rtol=1e-13))
-    step = 1e-12 * max(1.0, root)
-    while excess(root) > 0:  # Brent's answer may sit a hair below the root: step up until δ(ε) <= δ
-        root += step
-        step *= 2.0
-    return root
+        low, high = high, 2.0 * high
+    while high - low > 1e-12 * max(1.0, high):
+        middle = 0.5 * (low + high)
+        if excess(middle) > 0:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def _rdp_epsilon(steps: tuple[Step, ...], delta: float, relation: str = REPLACE_ONE) -> float:
-    """Exactly ``RDPAccountant.get_epsilon(delta, alphas=RDP_ORDERS)`` on ``steps``.
+    """``RDPAccountant.get_epsilon(delta, alphas=RDP_ORDERS)`` on ``steps``, to float round-off.
 
     Opacus' accountant sums ``compute_rdp(q, σ, n, orders)`` (= n · per-step RDP) over the
-    history and converts once; we do the same, but keep each (σ, q)'s per-step RDP curve
-    in a cache, so a ledger that grows round by round does not recompute old entries.
+    history and converts once; we do the same with the same series summed in numpy
+    (:mod:`privacy.sampled_gaussian_rdp`), and keep each (σ, q)'s per-step RDP curve in a
+    cache, so a ledger that grows round by round does not recompute old entries.
     """
     analysis = _opacus_rdp()
     orders = RDP_ORDERS
@@ -464,10 +465,14 @@ def _rdp_epsilon(steps: tuple[Step, ...], delta: float, relation: str = REPLACE_
 
 @lru_cache(maxsize=4096)
 def _rdp_curve(sigma: float, rate: float, orders: tuple[float, ...]) -> tuple[float, ...]:
-    """Per-step RDP of the q-subsampled Gaussian with multiplier σ at each order."""
-    analysis = _opacus_rdp()
-    curve = analysis.compute_rdp(q=rate, noise_multiplier=sigma, steps=1, orders=list(orders))
-    return tuple(float(x) for x in curve)
+    """Per-step RDP of the q-subsampled Gaussian with multiplier σ at each order (add/remove).
+
+    Opacus' ``compute_rdp`` series, summed in numpy (:mod:`privacy.sampled_gaussian_rdp`, imported
+    here: it loads scipy, which validating a config does not need).
+    """
+    from privacy.sampled_gaussian_rdp import rdp_curve
+
+    return tuple(float(x) for x in rdp_curve(rate, sigma, orders))
 
 
 @lru_cache(maxsize=4096)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from privacy.accountants import ACCOUNTANTS, REPLACE_ONE, Charge, CurveStep, epsilon_of, epsilon_of_valid
 from privacy.checks import (
@@ -56,12 +56,13 @@ def noise_multiplier_for(
 
     Finds σ such that ``ε(σ) = epsilon_of(prior_history + [(σ, q, steps)], δ)`` satisfies
     ``ε_target − tolerance <= ε(σ) <= ε_target``; as ε(σ) decreases in σ, σ is the
-    smallest admissible noise multiplier up to that tolerance. The search starts as Opacus'
-    ``get_noise_multiplier`` does: σ_high doubles from 10 until ε(σ_high) <= ε_target; then the
-    bracket is shrunk by a safeguarded false position in log σ (bisection where it stalls) until
-    ε_target − ε(σ_high) <= tolerance, and the conservative endpoint σ_high is returned. Every σ_high ever held has been *evaluated* to satisfy the
-    target, so the result never overshoots, whatever the accountant's numerical quirks.
-    With an empty prior and the RDP accountant the result equals Opacus' (e.g. GDPFed's
+    smallest admissible noise multiplier up to that tolerance. The search first probes σ = 20,
+    as Opacus' ``get_noise_multiplier`` does, and brackets the answer by extrapolating ε ∝ 1/σ
+    (:func:`_bracket`); then the bracket is shrunk by the Illinois false position in log σ until
+    ε_target − ε(σ_high) <= tolerance, and the conservative end σ_high is returned. Every σ_high
+    ever held has been *evaluated* to satisfy the target, so the result never overshoots,
+    whatever the accountant's numerical quirks.
+    With an empty prior, the RDP accountant and an explicit tolerance the result equals Opacus' (e.g. GDPFed's
     σ² = 2.26 for Fashion-MNIST) unless the extra RDP orders tighten ε.
 
     Parameters
@@ -102,10 +103,10 @@ def noise_multiplier_for(
 
     Notes
     -----
-    A search costs about 6–10 accountant evaluations (tens of ms each for RDP, up to a second
-    for PRV), where bisection took 14–17. With ``accountant="prv"``, ε(σ) jumps where the RDP bound crosses
-    ``PRV_MAX_EPSILON`` (PRV below, RDP above), so targets near 50 may end with ε(σ) more
-    than ``tolerance`` below the target; the result is still never above it.
+    A search costs about 4–10 accountant evaluations (tens of ms each for RDP, up to a second
+    for PRV), where Opacus' doubling and bisection take 14–17. With ``accountant="prv"``, ε(σ) jumps where the RDP bound crosses
+    ``PRV_MAX_EPSILON`` (PRV below, RDP above; the PRV ε there can be as low as ~12), so a target
+    above that may end with ε(σ) more than ``tolerance`` below it; the result is still never above it.
     """
     target = check_positive_finite("target_epsilon", target_epsilon)
     delta = check_delta(delta)
@@ -151,47 +152,98 @@ def _calibrated(target: float, delta: float, rate: float, steps: int, accountant
             f"only epsilon={floor:.4g} at delta={delta:g})"
         )
 
-    sigma_low, sigma_high, eps_high = 0.0, _SIGMA_START, math.inf
-    while eps_high > target:  # doubling; the feasibility check bounds it by MAX_SIGMA
-        if sigma_high >= MAX_SIGMA:
-            raise ValueError(
-                f"target_epsilon={target:g} is too small: sigma would have to exceed "
-                f"{MAX_SIGMA:g} (q={rate:g}, steps={steps}, delta={delta:g})"
-            )
-        sigma_high = min(2.0 * sigma_high, MAX_SIGMA)
-        eps_high = eps_at(sigma_high)
-
-    # Shrink [σ_low, σ_high] (ε(σ_low) > target, ε(σ_high) <= target) with a safeguarded false position
-    # in (log σ, log ε), aiming inside the tolerance band, halving where it stalls: a
-    # handful of accountant evaluations where plain bisection takes 15 or more. σ_high stays an
-    # evaluated feasible point, so the result never overshoots.
     aim = target - 0.5 * tolerance
-    eps_low, stalled = math.inf, 0
+    if bisection:  # Opacus' get_noise_multiplier: σ_high doubles from 10, then plain bisection
+        sigma_low, eps_low, sigma_high, eps_high = 0.0, math.inf, _SIGMA_START, math.inf
+        while eps_high > target:  # the feasibility check bounds it by MAX_SIGMA
+            if sigma_high >= MAX_SIGMA:
+                raise _unreachable(target, rate, steps, delta)
+            sigma_high = min(2.0 * sigma_high, MAX_SIGMA)
+            eps_high = eps_at(sigma_high)
+    else:
+        sigma_low, eps_low, sigma_high, eps_high = _bracket(eps_at, target, aim, tolerance)
+        if sigma_high > MAX_SIGMA:
+            raise _unreachable(target, rate, steps, delta)
+
+    # Shrink [σ_low, σ_high] (ε(σ_low) > target, ε(σ_high) <= target) until ε(σ_high) is within
+    # the tolerance: Opacus' bisection where asked, else the Illinois variant of false position on
+    # f(σ) = log ε(σ) − log aim in log σ (ε falls about as a power of σ), which halves the retained
+    # end's f when the same end is kept twice, so a kinked ε(σ) (a minimum over RDP orders) does not
+    # stall it: a handful of accountant evaluations where bisection takes 15 or more. σ_high stays an
+    # evaluated feasible point, so the result never overshoots.
+    f_low = math.log(eps_low / aim) if sigma_low > 0 else math.inf
+    f_high = math.log(max(eps_high, 1e-300) / aim)
+    kept = ""
     for _ in range(_MAX_BISECTIONS):  # ends long before: the bracket shrinks every time
         if target - eps_high <= tolerance or sigma_high - sigma_low <= 1e-12 * sigma_high:
             break
-        if not bisection and sigma_low > 0 and math.isfinite(eps_low) and stalled < 2:
-            # ε falls about as a power of σ: interpolate log ε linearly in log σ
-            x0, x1 = math.log(sigma_low), math.log(sigma_high)
-            y0, y1, y = math.log(eps_low), math.log(max(eps_high, 1e-300)), math.log(aim)
-            sigma = math.exp(x1 - (y1 - y) * (x1 - x0) / (y1 - y0))
-            inside = sigma_low + 1e-3 * (sigma_high - sigma_low) < sigma < sigma_high - 1e-3 * (sigma_high - sigma_low)
-            sigma = sigma if inside else 0.5 * (sigma_low + sigma_high)
-        else:
+        if bisection or sigma_low <= 0:
             sigma = 0.5 * (sigma_low + sigma_high)
+        else:
+            sigma = _false_position(sigma_low, f_low, sigma_high, f_high)
         eps = eps_at(sigma)
         if eps <= target:
-            sigma_high, eps_high = sigma, eps
-            stalled = stalled + 1 if eps_low < math.inf else 0
+            sigma_high, eps_high, f_high = sigma, eps, math.log(max(eps, 1e-300) / aim)
+            f_low, kept = (0.5 * f_low if kept == "high" else f_low), "high"
         else:
-            sigma_low, eps_low = sigma, eps
-            stalled = 0
+            sigma_low, eps_low, f_low = sigma, eps, math.log(eps / aim)
+            f_high, kept = (0.5 * f_high if kept == "low" else f_high), "low"
     log.debug(
         "calibrated sigma=%.6g: epsilon=%.6g for target %.6g (q=%g, steps=%d, delta=%g, %s)",
         sigma_high, eps_high, target, rate, steps, delta, accountant,
     )
     return sigma_high
 
+
+def _unreachable(target: float, rate: float, steps: int, delta: float) -> ValueError:
+    return ValueError(
+        f"target_epsilon={target:g} is too small: sigma would have to exceed "
+        f"{MAX_SIGMA:g} (q={rate:g}, steps={steps}, delta={delta:g})"
+    )
+
+
+def _bracket(eps_at: Callable[[float], float], target: float, aim: float,
+             tolerance: float) -> tuple[float, float, float, float]:
+    """``(σ_low, ε(σ_low), σ_high, ε(σ_high))`` with ε(σ_low) > target >= ε(σ_high), in a few probes.
+
+    ε(σ) of a (sub)sampled Gaussian falls at least as fast as 1/σ (about 1/σ where noise dominates,
+    up to 1/σ² where it does not), so from a probe (σ, ε) the next one is σ·ε/aim: where the
+    probe was infeasible this lands at or above the σ that reaches ``aim`` (steps of at least 2×,
+    as Opacus' doubling), where it was feasible at or below it (steps of at most 64×, so an
+    ε near 0 does not send the search to σ ≈ 0). The first probe is Opacus' (σ = 20). A feasible
+    probe already within ``tolerance`` of the target ends the search with σ_low = 0. σ_high
+    above :data:`MAX_SIGMA` means the target is unreachable.
+    """
+    sigma, low, eps_low, high, eps_high = 2.0 * _SIGMA_START, 0.0, math.inf, math.inf, math.inf
+    for _ in range(_MAX_BISECTIONS):  # ends within a few probes unless ε stays below the target as σ -> 0
+        if sigma > MAX_SIGMA:
+            break
+        eps = eps_at(sigma)
+        if eps <= target:
+            high, eps_high = sigma, eps
+            if low > 0 or target - eps <= tolerance:
+                break
+            sigma *= max(eps / aim, 1 / 64)
+        else:
+            low, eps_low = sigma, eps
+            if high <= MAX_SIGMA:
+                break
+            sigma = min(sigma * max(2.0, eps / aim), MAX_SIGMA) if sigma < MAX_SIGMA else math.inf
+    return low, eps_low, high, eps_high
+
+
+def _false_position(sigma_low: float, f_low: float, sigma_high: float, f_high: float) -> float:
+    """The root of the line through (log σ_low, f_low) and (log σ_high, f_high), f_low > 0 > f_high.
+
+    The geometric midpoint where f_low is infinite or the root leaves the inner 99.8% of the bracket.
+    """
+    middle = math.sqrt(sigma_low * sigma_high)
+    if not math.isfinite(f_low):
+        return middle
+    x0, x1 = math.log(sigma_low), math.log(sigma_high)
+    sigma = math.exp(x1 - f_high * (x1 - x0) / (f_high - f_low))
+    margin = 1e-3 * (sigma_high - sigma_low)
+    return sigma if sigma_low + margin < sigma < sigma_high - margin else middle
 
 def epsilon_for(
     noise_multiplier: float,

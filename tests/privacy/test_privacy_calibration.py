@@ -177,3 +177,43 @@ def test_a_repeated_calibration_costs_no_accountant_evaluation(monkeypatch):
     assert searched >= 5 and len(calls) == searched and again == first
     other = noise_multiplier_for(2.5, 1e-5, 0.02, 500, accountant="rdp", prior_history=[(1.5, 0.02, 100)])
     assert len(calls) > searched and other < first  # a different budget searches again
+
+
+def test_default_search_is_tight_and_never_overshoots_random_property() -> None:
+    """Property test (seeded) of the default search (false position, no explicit tolerance), with and
+    without a prior, on both accountants: ε(σ) lies in [target − 1e-3·target, target]."""
+    import privacy.calibration as calibration
+
+    rng = np.random.default_rng(20261128)
+    for _ in range(12):
+        q = float(rng.choice([0.001, 0.02, 0.5, 1.0]))
+        steps = int(rng.choice([1, 2, 50, 800]))
+        target = float(10 ** rng.uniform(-0.7, 1.0))  # below PRV's jump where the RDP bound crosses 50
+        delta = float(10 ** rng.uniform(-7, -3))
+        accountant = str(rng.choice(["rdp", "prv"]))
+        prior = [(2.0, 0.05, 10)] if rng.random() < 0.3 else []
+        if prior and epsilon_of(prior, delta, accountant) >= target:
+            continue
+        sigma = noise_multiplier_for(target, delta, q, steps, accountant=accountant, prior_history=prior)
+        eps = epsilon_of([*prior, (sigma, q, steps)], delta, accountant)
+        case = (target, delta, q, steps, accountant, prior, sigma)
+        assert target * (1 - calibration.CALIBRATION_RTOL) <= eps <= target, case
+
+
+def test_default_search_needs_fewer_evaluations_than_opacus_bisection(monkeypatch):
+    """The same problems, searched by false position and by Opacus' bisection (an explicit tolerance of
+    the same width): the former evaluates the accountant fewer times in total, and lands in the same band."""
+    import privacy.calibration as calibration
+
+    calls = []
+    real = calibration.epsilon_of_valid
+    monkeypatch.setattr(calibration, "epsilon_of_valid", lambda *a, **k: calls.append(1) or real(*a, **k))
+    counts = {"default": 0, "bisection": 0}
+    for target, q, steps in [(5.4, 0.5, 2), (2.0, 0.01, 1000), (0.5, 1.0, 100), (8.0, 0.004, 300)]:
+        for search, tolerance in (("default", None), ("bisection", 1e-3 * target)):
+            calibration._calibrated.cache_clear()
+            calls.clear()
+            sigma = noise_multiplier_for(target, 1e-5, q, steps, tolerance=tolerance)
+            counts[search] += len(calls)
+            assert target - 1e-3 * target <= epsilon_of([(sigma, q, steps)], 1e-5) <= target
+    assert counts["default"] < counts["bisection"], counts

@@ -109,3 +109,18 @@ def test_full_participation_epsilon_is_the_exact_gaussian_profile(history, relat
     if relation == REPLACE_ONE:
         assert ours == pytest.approx(_pld_oracle(history, DELTA), abs=2e-3)
     assert ours <= epsilon_of(history, DELTA, "rdp", relation)
+
+
+@pytest.mark.parametrize(("sigma", "steps", "delta"), [(0.7, 1, 1e-5), (2.0, 3, 1e-5), (8.0, 50, 1e-7), (40.0, 2, 1e-3)])
+def test_unsampled_epsilon_is_the_verified_upper_end_of_the_gaussian_profile(sigma: float, steps: int,
+                                                                             delta: float) -> None:
+    """q = 1: ε is where the Gaussian profile δ(ε; μ), μ = 2√n/σ, crosses δ: on the safe side, within 1e-9.
+
+    The profile is evaluated by privacy.auditing (eq. (1) there), a computation independent of the accountant.
+    """
+    from privacy.auditing import gaussian_delta
+
+    eps = epsilon_of([(sigma, 1.0, steps)], delta, "prv")
+    mu = 2.0 * math.sqrt(steps) / sigma
+    assert gaussian_delta(eps, mu) <= delta * (1 + 1e-9)
+    assert gaussian_delta(max(eps - 1e-9 * max(1.0, eps), 0.0), mu) > delta or eps == 0.0
