@@ -186,7 +186,7 @@ def _calibrated(target: float, delta: float, rate: float, steps: int, accountant
             sigma_high, eps_high, f_high = sigma, eps, math.log(max(eps, 1e-300) / aim)
             f_low, kept = (0.5 * f_low if kept == "high" else f_low), "high"
         else:
-            sigma_low, eps_low, f_low = sigma, eps, math.log(eps / aim)
+            sigma_low, f_low = sigma, math.log(eps / aim)
             f_high, kept = (0.5 * f_high if kept == "low" else f_high), "low"
     log.debug(
         "calibrated sigma=%.6g: epsilon=%.6g for target %.6g (q=%g, steps=%d, delta=%g, %s)",
