@@ -21,7 +21,8 @@ Algorithm 1, as this module runs it (docs/notes/gdpfed.md §2.4):
 Registered variants (docs/notes/gdpfed.md §2.9, §6): ``dp-fedavg`` (one group at min ε, plain mean),
 ``gdpfed`` (q_m = q), ``gdpfed-op`` (Problem 1), ``gdpfed-plus`` (Problem 1 + top-k),
 ``idp-fedavg-scale`` (per-group clip C_m, one noise std s = max_m C_m σ_m for all groups,
-so group m's multiplier s/C_m >= σ_m), ``idp-fedavg-sample`` (per-group q_m, one σ =
+so group m's multiplier s/C_m >= σ_m; with ``idp-clips`` empty, C_m ∝ 1/σ_m by IDP's own rule,
+:func:`strategies.gdpfed_math.idp_scale_clips`, and s/C_m = σ_m), ``idp-fedavg-sample`` (per-group q_m, one σ =
 max_m σ(ε_m, q_m) for all groups) and ``pfa-groups`` (PFA on the three groups: the
 strictest group's noisy sum is projected onto the top-``pfa-rank`` subspace of the last
 ``pfa-history`` noisy sums of the loosest group; the middle group is used as is). PFA's

@@ -39,7 +39,9 @@ class GDPFedConfig(BaseModel):
         released sums, so it changes no client's charge. For dp-fedavg (one group, ω = 1/r) it is the
         server learning rate of McMahan et al.'s DP-FedAvg; the paper does not state one.
     idp_clips : list of float
-        Per-group clipping thresholds of idp-fedavg-scale (paper FMNIST 1.15, 1.51, 2.12).
+        Per-group clipping thresholds of idp-fedavg-scale (paper FMNIST 1.15, 1.51, 2.12); empty:
+        IDP's own Scale rule on this run's σ_m, C_m = C·σ̄/σ_m with size-weighted mean C
+        (:func:`strategies.gdpfed_math.idp_scale_clips`).
     idp_sample_rates : list of float
         Per-group q_m of idp-fedavg-sample (paper FMNIST 0.82 %, 2.80 %, 2.38 %).
     pfa_rank, pfa_history : int

@@ -35,6 +35,7 @@ import numpy as np
 __all__ = [
     "LR_DECAY",
     "group_weights",
+    "idp_scale_clips",
     "lr_at_round",
     "optimal_sampling",
     "problem1_objective",
@@ -76,6 +77,25 @@ def group_weights(counts: Sequence[float], scheme: str = "paper") -> np.ndarray:
     if scheme == "mean":
         return np.full_like(r, 1.0 / r.sum())
     raise ValueError(f"weighting must be one of paper, normalised, mean; found {scheme!r}")
+
+
+def idp_scale_clips(clip: float, sigmas: Sequence[float], sizes: Sequence[int]) -> list[float]:
+    """IDP's Scale rule (Boenisch et al. 2023, §3.2): per-group clips C_m for one common noise std.
+
+    C_m = C·σ̄/σ_m with σ̄ = (Σ_m (|G_m|/n)/σ_m)^(−1), so that
+
+    * the size-weighted mean of the C_m is the run's clip C, and
+    * one noise std s = C·σ̄ = C_m·σ_m gives every group exactly its calibrated multiplier σ_m
+      (no group is over-noised, unlike fixed C_m with s = max_m C_m σ_m).
+
+    The looser a group's budget, the smaller its σ_m and the larger its clip.
+    """
+    s = np.asarray(sigmas, dtype=np.float64)
+    g = np.asarray(sizes, dtype=np.float64)
+    if s.ndim != 1 or s.shape != g.shape or len(s) == 0 or np.any(~np.isfinite(s)) or np.any(s <= 0) or np.any(g <= 0):
+        raise ValueError(f"need one finite σ_m > 0 and one size > 0 per group; found {list(sigmas)}, {list(sizes)}")
+    sigma_bar = 1.0 / float(np.sum(g / g.sum() / s))
+    return [float(clip) * sigma_bar / float(x) for x in s]
 
 
 def round_counts(sample_rates: Sequence[float], sizes: Sequence[int], *, key: str = "gdpfed.sample-rates") -> list[int]:

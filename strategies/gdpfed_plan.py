@@ -22,7 +22,7 @@ from privacy.accountants import DEFAULT_ACCOUNTANT
 from privacy.budgets import budgets_for
 from privacy.group_calibration import group_noise_multipliers, ledger_settings
 from strategies.gdpfed_config import GDPFedConfig
-from strategies.gdpfed_math import group_weights, optimal_sampling, round_counts
+from strategies.gdpfed_math import group_weights, idp_scale_clips, optimal_sampling, round_counts
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,11 @@ def plan_groups(
         sigmas = [sigma_rule(e, d, q_m, rounds, r) for e, d, q_m, r in zip(eps, deltas, rates, counts, strict=True)]
     clips = [clip] * m_groups
     if variant.noise == "common-std":  # IDP Scale: one noise std s for every group
-        clips = params.per_group("idp_clips", m_groups)
+        clips = (params.per_group("idp_clips", m_groups) if params.idp_clips
+                 else idp_scale_clips(clip, sigmas, sizes))  # empty: IDP's own rule, C_m ∝ 1/σ_m
         std = max(c * s for c, s in zip(clips, sigmas, strict=True))
-        sigmas = [std / c for c in clips]
+        # s/C_m >= σ_m; the max() keeps a rounding hair of std/C_m from undercutting the calibrated σ_m
+        sigmas = [max(std / c, s) for c, s in zip(clips, sigmas, strict=True)]
     elif variant.noise == "common-sigma":  # IDP Sample: one σ for every group
         sigmas = [max(sigmas)] * m_groups
     weights = group_weights(counts, variant.weighting or params.weighting).tolist()

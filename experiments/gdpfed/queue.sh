@@ -27,6 +27,8 @@ QUEUE=(
   "gdpfed 1" "idp-fedavg-sample 1" "gdpfed 2" "idp-fedavg-sample 2" "gdpfed 3" "idp-fedavg-sample 3"
   "gdpfed 4" "idp-fedavg-sample 4" "gdpfed 5" "idp-fedavg-sample 5"
   "gdpfed-op 1" "idp-fedavg-scale 1" "gdpfed-op 2" "idp-fedavg-scale 2"
+  "gdpfed-op 3" "idp-fedavg-scale 3" "pfa-groups 1" "gdpfed-op 4" "idp-fedavg-scale 4" "pfa-groups 2"
+  "gdpfed-op 5" "idp-fedavg-scale 5" "pfa-groups 3"
 )
 # WAIT_FOR=<pid>: start only after that process (a run of an earlier queue left to finish) has ended.
 while [ -n "${WAIT_FOR:-}" ] && kill -0 "$WAIT_FOR" 2>/dev/null; do sleep 20; done

@@ -244,9 +244,7 @@ def table2(rows: list[dict[str, Any]], model: str, current: bool) -> str:
     """
     from privet.paired import bootstrap_interval, paired_gaps
 
-    rows = [r for r in rows if r["clients"] == 6000 and r["rounds"] == 50 and model_of(r) == model
-            and not json.loads(_extra(r))
-            and (r["method"] == "fedavg" or ("before #36" in calibration_of(r)) != current)]
+    rows = [r for r in _regime(rows, model, current) if not json.loads(_extra(r))]
     lines = ["| Method | seeds | ours: final | ours: best round | paper Table 2 | σ_m² ours | σ_m² paper (Table 3) | "
              "max spent/budget | all within budget |", "|---|---|---|---|---|---|---|---|---|"]
     finals: dict[str, dict[int, float]] = {}
@@ -281,27 +279,69 @@ def table2(rows: list[dict[str, Any]], model: str, current: bool) -> str:
     return "\n".join(lines)
 
 
-def table6(rows: list[dict[str, Any]]) -> str:
-    """Table 6 (sparsification levels) before #36: ours per level and its paired difference to (1, 1, 1)."""
-    rows = [r for r in rows if r["clients"] == 6000 and r["rounds"] == 50 and model_of(r) == "cnn"
-            and "before #36" in calibration_of(r)]
+def _regime(rows: list[dict[str, Any]], model: str, current: bool) -> list[dict[str, Any]]:
+    """Rows at n = 6000, T = 50 with ``model`` and the current σ_m calibration (or the one before #36)."""
+    return [r for r in rows if r["clients"] == 6000 and r["rounds"] == 50 and model_of(r) == model
+            and (r["method"] == "fedavg" or ("before #36" in calibration_of(r)) != current)]
 
-    def by_seed(method: str, extra: dict[str, Any]) -> dict[int, float]:
-        return {r["seed"]: 100 * r["final_accuracy"] for r in rows if r["method"] == method and _same(r["extra"], extra)}
 
-    base = by_seed("gdpfed-op", {})
+def _by_seed(rows: list[dict[str, Any]], method: str, extra: dict[str, Any]) -> dict[int, float]:
+    return {r["seed"]: 100 * r["final_accuracy"] for r in rows if r["method"] == method and _same(r["extra"], extra)}
+
+
+def table6(rows: list[dict[str, Any]], model: str, current: bool) -> str:
+    """Table 6 (sparsification levels): ours per level and its paired difference to (1, 1, 1)."""
+    rows = _regime(rows, model, current)
+    base = _by_seed(rows, "gdpfed-op", {})
     paper_base = float(TABLE6["1, 1, 1"][2].split("±")[0])
-    lines = ["GDPFed+ with k_m/d per group (`--set gdpfed.sparsity=[...]`): n = 6000, T = 50, model `cnn`, σ_m by RDP "
-             "replace-one (before #36); final accuracy (%), mean ± std (seeds), and the mean difference to "
-             "(1, 1, 1) = GDPFed-op on the seeds both ran.", "",
+    regime = (f"model `{model}`, σ_m by the ledgers' accountant (PRV) under replace-one" if current
+              else f"model `{model}`, σ_m by RDP replace-one (before #36)")
+    lines = [f"GDPFed+ with k_m/d per group (`--set gdpfed.sparsity=[...]`): n = 6000, T = 50, {regime}; final "
+             "accuracy (%), mean ± std (seeds), and the mean difference to (1, 1, 1) = GDPFed-op on the seeds both "
+             "ran.", "",
              "| k_m/d (groups 1, 2, 3) | ours: final (seeds) | ours: − (1, 1, 1) (seeds) | paper Table 6 | "
              "paper: − (1, 1, 1) |", "|---|---|---|---|---|"]
     for level, (method, extra, paper) in TABLE6.items():
-        ours = by_seed(method, extra)
+        ours = _by_seed(rows, method, extra)
         diff = [ours[s] - base[s] for s in sorted(set(ours) & set(base))]
         lines.append(f"| ({level}) | {_spread(list(ours.values()))} ({len(ours)}) | "
                      f"{f'{statistics.mean(diff):+.2f} ({len(diff)})' if diff else '–'} | {paper} | "
                      f"{float(paper.split('±')[0]) - paper_base:+.2f} |")
+    return "\n".join(lines)
+
+
+def idp_scale_table(rows: list[dict[str, Any]]) -> str:
+    """IDP-FedAvg (Scale) in the current regime: the paper's fixed C_m against IDP's rule C_m ∝ 1/σ_m."""
+    from privet.paired import bootstrap_interval, paired_gaps
+
+    rows = _regime(rows, MODEL, current=True)
+    extras: dict[str, dict[str, Any]] = {"fixed": {}, "rule": {"gdpfed.idp-clips": []}}
+    fixed = _by_seed(rows, "idp-fedavg-scale", extras["fixed"])
+    rule = _by_seed(rows, "idp-fedavg-scale", extras["rule"])
+    plans = {label: next((r.get("plan") for r in rows if r["method"] == "idp-fedavg-scale"
+                          and _same(r["extra"], extra)), None) for label, extra in extras.items()}
+
+    def noise(plan: dict[str, Any] | None) -> str:
+        return "–" if not plan else (", ".join(f"{c:.2f}" for c in plan["clips"]) + " / "
+                                     + ", ".join(f"{c * s:.2f}" for c, s in zip(plan["clips"], plan["sigmas"], strict=True)))
+
+    lines = ["IDP-FedAvg (Scale), n = 6000, T = 50, model `cnn2`, σ_m by the ledgers' accountant: the paper's clips "
+             "C_m (Appendix B.2) with one noise std s = max_m C_m σ_m, against IDP's own rule applied to this run's "
+             "σ_m (`--set gdpfed.idp-clips=[]`: C_m = C·σ̄/σ_m, size-weighted mean C, s/C_m = σ_m). Final test "
+             "accuracy (%), mean ± std (seeds); paper 74.80±0.19.", "",
+             "| clips | seeds | ours: final | C_m / noise std C_m·(s/C_m) per group |", "|---|---|---|---|",
+             f"| the paper's (1.15, 1.51, 2.12) | {','.join(map(str, sorted(fixed))) or '–'} | "
+             f"{_spread(list(fixed.values()))} | {noise(plans['fixed'])} |",
+             f"| IDP's rule on our σ_m | {','.join(map(str, sorted(rule))) or '–'} | {_spread(list(rule.values()))} | "
+             f"{noise(plans['rule'])} |"]
+    paired = paired_gaps(rule, fixed)
+    if len(paired) > 1:
+        lo, hi = bootstrap_interval(list(paired.values()))
+        lines += ["", f"Paired gap rule − paper's clips on seeds {','.join(map(str, paired))}: "
+                  f"{statistics.mean(paired.values()):+.2f} [{lo:+.2f}, {hi:+.2f}] points (95 % bootstrap interval)."]
+    elif paired:
+        lines += ["", f"Gap rule − paper's clips on seed {next(iter(paired))} (one seed, no interval): "
+                  f"{next(iter(paired.values())):+.2f} points."]
     return "\n".join(lines)
 
 
@@ -316,7 +356,9 @@ def document(rows: list[dict[str, Any]]) -> str:
          "n = 6000, T = 50, model `cnn` (PFA's 26k-parameter CNN), σ_m calibrated by RDP under replace-one while "
          "the ledgers charged with PRV, so no client spent more than the max spent/budget column's share of its budget; "
          "test accuracy (%), mean ± std over the seeds.\n\n" + table2(rows, "cnn", current=False)),
-        ("Table 6 before #36: sparsification levels", table6(rows)),
+        ("IDP-FedAvg (Scale): the paper's clips and IDP's rule", idp_scale_table(rows)),
+        ("Table 6, current regime: sparsification levels", table6(rows, MODEL, current=True)),
+        ("Table 6 before #36: sparsification levels", table6(rows, "cnn", current=False)),
         *((f"{SWEEPS[name][0].split(':')[0]} before #36: {SWEEPS[name][0].split(': ', 1)[1]}", sweep_table(name, rows))
           for name in SWEEPS),
         ("Every recorded run", table(rows)),

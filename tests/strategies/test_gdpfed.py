@@ -25,6 +25,7 @@ from strategies.gdpfed import GDPFED_STRATEGIES, GDPFedStrategy
 from strategies.gdpfed_config import GDPFedConfig
 from strategies.gdpfed_math import (
     group_weights,
+    idp_scale_clips,
     optimal_sampling,
     problem1_objective,
     round_counts,
@@ -186,6 +187,28 @@ def test_plans_of_the_idp_baselines_meet_every_group_budget():
     assert single.epsilons == [0.5] and single.counts == [30] and set(assign) == {0}
 
 
+def test_idp_scale_rule_noises_every_group_at_exactly_its_sigma_with_the_least_common_std():
+    """Empty ``idp-clips``: IDP's rule C_m ∝ 1/σ_m (size-weighted mean C); no group is over-noised."""
+    budgets = [(0.5, 1e-5)] * 50 + [(1.5, 1e-5)] * 100 + [(3.0, 1e-5)] * 150
+    params = GDPFedConfig(q=0.1, idp_clips=())
+    base, _ = plan_groups(GDPFED_STRATEGIES["gdpfed"].variant, params, budgets, 10, 1.5)
+    scale, _ = plan_groups(GDPFED_STRATEGIES["idp-fedavg-scale"].variant, params, budgets, 10, 1.5)
+    assert scale.sigmas == pytest.approx(base.sigmas, rel=1e-12)
+    assert all(s >= b for s, b in zip(scale.sigmas, base.sigmas, strict=True))  # never below the calibration
+    sizes = np.array(scale.sizes)
+    assert float(np.dot(sizes, scale.clips) / sizes.sum()) == pytest.approx(1.5, rel=1e-12)
+    assert scale.clips == sorted(scale.clips)  # the looser the budget, the larger the clip
+    std = max(c * s for c, s in zip(scale.clips, base.sigmas, strict=True))
+    # optimality: any other clips with the same size-weighted mean need a larger common std to keep σ_m
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        other = np.array(scale.clips) * np.exp(rng.normal(0, 0.3, 3))
+        other *= 1.5 * sizes.sum() / np.dot(sizes, other)
+        assert max(other * np.array(base.sigmas)) >= std * (1 - 1e-12)
+    with pytest.raises(ValueError, match="σ_m > 0"):
+        idp_scale_clips(1.5, [1.0, 0.0], [10, 10])
+
+
 def _reply(node, arrays, n=10):
     return AcceptedReply(node, str(node), arrays, {keys.NUM_EXAMPLES: n, keys.EPSILON_SPENT: 0.1}, {})
 
@@ -337,8 +360,12 @@ def test_gdpfed_plus_run_keeps_every_client_within_its_own_budget(run_config_fac
         assert ledger.spent() <= ledger.epsilon_budget and ledger.unit() == "client"
 
 
-@pytest.mark.parametrize("accountant", ["prv", "rdp"])
-def test_a_run_spends_close_to_each_groups_budget_under_the_ledgers_accountant(run_config_factory, accountant):
+@pytest.mark.parametrize(("strategy", "accountant", "overrides"), [
+    ("gdpfed", "prv", {}), ("gdpfed", "rdp", {}),
+    ("idp-fedavg-scale", "prv", {"gdpfed.idp-clips": ""}),  # IDP's own rule: no group over-noised
+])
+def test_a_run_spends_close_to_each_groups_budget_under_the_ledgers_accountant(run_config_factory, strategy,
+                                                                               accountant, overrides):
     """A run's ledgers end within 5 % of each budget, never over it.
 
     σ_m is calibrated with the accountant the ledgers charge with (replace-one): every client
@@ -348,7 +375,7 @@ def test_a_run_spends_close_to_each_groups_budget_under_the_ledgers_accountant(r
     from client.ledger_store import STATE_KEY
     from privacy.ledger import PrivacyLedger
 
-    summary, grid = _gdpfed_run(run_config_factory, strategy="gdpfed", accountant=accountant)
+    summary, grid = _gdpfed_run(run_config_factory, strategy=strategy, accountant=accountant, **overrides)
     charged = 0
     for ctx in grid.contexts.values():
         ledger = PrivacyLedger.from_json(str(ctx.state[STATE_KEY]["json"])) if STATE_KEY in ctx.state else None
