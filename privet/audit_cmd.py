@@ -144,7 +144,7 @@ class AuditReport:
         return out
 
     def summary_section(self) -> AuditSection:
-        """``summary.json``'s ``audit`` section (:class:`server.results.AuditSection`): per mechanism the game,
+        """``summary.json``'s ``audit`` section (:class:`server.audit_text.AuditSection`): per mechanism the game,
         canaries, confidence, lower bound, one-shot estimate, charge and flag; ``audit.json`` has the rest.
         """
         mechanisms = [a.summary_entry(a.game, a.level, a.observes) for a in self.audits]

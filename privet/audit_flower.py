@@ -180,7 +180,7 @@ class FlowerAuditReport:
         return out
 
     def summary_section(self) -> AuditSection:
-        """The run's ``summary.json`` ``audit`` section (:class:`server.results.AuditSection`; shown in
+        """The run's ``summary.json`` ``audit`` section (:class:`server.audit_text.AuditSection`; shown in
         ``privacy_report.md`` and ``report.html``): one entry per view; ``audit.json`` has the rest.
         """
         mechanisms = [a.summary_entry(f"real run, {a.view} view", "client", VIEW_OBSERVES[a.view])

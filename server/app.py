@@ -15,7 +15,8 @@ from server.evaluation import EVALUATORS
 from server.federation import check_federation
 from server.prompt_grid import prompt
 from server.registry import build_strategy, train_config
-from server.results import ResultsWriter, RunSummary
+from server.results import ResultsWriter
+from server.summary_schema import RunSummary
 from strategies.catalogue import CATALOGUE
 
 log = logging.getLogger("privet.server")

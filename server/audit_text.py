@@ -2,7 +2,7 @@
 
 ``privet audit`` (:mod:`privet.audit_cmd`, :mod:`privet.audit_flower`) keeps each audited mechanism
 in an :class:`AuditRecord` and writes these figures into a results folder
-(:func:`server.results.write_audit`); the privacy report (:func:`server.results.format_privacy_report`)
+(:func:`server.results.write_audit`); the privacy report (:func:`server.privacy_report.format_privacy_report`)
 and the page (:mod:`server.report_html`) both render them from here, so neither imports the other
 for them.
 """

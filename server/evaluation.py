@@ -20,7 +20,8 @@ from flwr.app import Array, ArrayRecord
 
 from protocol import keys
 from server.config import ConfigError, RunConfig
-from server.results import RunSummary, format_privacy_report
+from server.privacy_report import format_privacy_report
+from server.summary_schema import RunSummary
 from tasks.datasets import check_available, load_dataset
 from tasks.models import build_model, evaluate, get_weights, set_weights, weight_names
 from tasks.validation_split import evaluation_set
