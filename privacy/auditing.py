@@ -12,15 +12,8 @@ uniformly and independently per canary; changing one S gives a neighbouring inpu
 replace-one: the canary's record or update +u against −u; under add/remove: present against
 absent). The attack turns what it observes into a score per canary, higher meaning "S = +1".
 
-**Gaussian privacy profile** (Balle & Wang 2018, Thm. 8). The Gaussian mechanism whose
-sensitivity is μ noise standard deviations, N(0, 1) against N(μ, 1), is (ε, δ)-DP exactly for
-
-    δ(ε; μ) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ).                                          (1)
-
-:func:`gaussian_delta`, :func:`gaussian_epsilon` (ε for δ) and :func:`gaussian_mu`.
-:func:`two_gaussians_epsilon` generalises (1) to two Gaussians of unequal variance (the
-privacy loss is then quadratic in the outcome): δ(ε) = max over the two orders of
-P[L > ε] − e^ε Q[L > ε], L = log dP/dQ.
+The ε of a pair of Gaussians (eq. (1), the Gaussian mechanism's exact privacy profile, and its
+unequal-variance generalisation) is :mod:`privacy.gaussian_profile`'s.
 
 **One run** (Steinke, Nasr & Jagielski, NeurIPS 2023, Thm. 3.1 with δ as in their Prop. 5.4
 and Algorithm 2). m canaries, r guesses T_i ∈ {−1, +1} (abstaining on the rest), W the number
@@ -66,6 +59,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privacy.gaussian_profile import EPS_MAX, EPS_TOL, check_delta, gaussian_epsilon, two_gaussians_epsilon
+
 # scipy is imported inside the functions that use it: ``privet --help`` and config errors import this
 # module for DEFAULT_CONFIDENCE and must stay fast (scipy.stats alone is ~0.5-2 s; tests/privet/test_cli_imports.py).
 
@@ -75,9 +70,6 @@ __all__ = [
     "OneShotEstimate",
     "canary_cosines",
     "clopper_pearson_upper",
-    "gaussian_delta",
-    "gaussian_epsilon",
-    "gaussian_mu",
     "hypothesis_test_bound",
     "one_run_audit",
     "one_run_epsilon_bound",
@@ -86,8 +78,6 @@ __all__ = [
     "RateBounds",
     "rate_bounds",
     "threshold_audit",
-    "two_gaussians_delta",
-    "two_gaussians_epsilon",
 ]
 
 #: The confidence every lower bound is stated at unless a caller says otherwise.
@@ -96,187 +86,10 @@ DEFAULT_CONFIDENCE = 0.95
 #: Fractions of the canaries :func:`one_run_audit` tries guessing on (Bonferroni over all of them).
 GUESS_FRACTIONS: tuple[float, ...] = (1.0, 1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128)
 
-#: ε searches stop at this width; every ε returned as a bound has been verified.
-_EPS_TOL = 1e-4
-_EPS_MAX = 1e3
-
-
 def _check_confidence(confidence: float) -> float:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1); found {confidence!r}")
     return float(confidence)
-
-
-def _check_delta(delta: float, *, allow_zero: bool = True) -> float:
-    if not (0.0 <= delta < 1.0) or (delta == 0.0 and not allow_zero):
-        raise ValueError(f"delta must be in {'[' if allow_zero else '('}0, 1); found {delta!r}")
-    return float(delta)
-
-
-# --------------------------------------------------------------------------- Gaussian profiles
-def _log_sub(log_a: float, log_b: float) -> float:
-    """log(e^a − e^b), −inf where b >= a."""
-    if log_b >= log_a:
-        return -math.inf
-    return log_a + math.log1p(-math.exp(log_b - log_a))
-
-
-def _log_gaussian_delta(epsilon: float, mu: float) -> float:
-    from scipy import stats
-
-    if mu <= 0.0:
-        return -math.inf
-    if math.isinf(mu):
-        return 0.0
-    first = float(stats.norm.logcdf(mu / 2 - epsilon / mu))
-    second = epsilon + float(stats.norm.logcdf(-mu / 2 - epsilon / mu))
-    return _log_sub(first, second)
-
-
-def gaussian_delta(epsilon: float, mu: float) -> float:
-    """δ(ε) of the Gaussian mechanism N(0, 1) vs N(μ, 1), eq. (1) (Balle & Wang 2018, Thm. 8).
-
-    Parameters
-    ----------
-    epsilon : float
-        ε >= 0.
-    mu : float
-        Sensitivity over noise standard deviation, >= 0 (∞: no noise, δ = 1).
-
-    Returns
-    -------
-    float
-        The smallest δ for which the mechanism is (ε, δ)-DP (both orders coincide by symmetry).
-    """
-    if epsilon < 0 or mu < 0:
-        raise ValueError(f"epsilon and mu must be >= 0; found epsilon={epsilon!r}, mu={mu!r}")
-    return math.exp(_log_gaussian_delta(float(epsilon), float(mu)))
-
-
-def _smallest_epsilon(log_delta_at: Callable[[float], float], delta: float) -> float:
-    """Smallest ε >= 0 with log δ(ε) <= log δ, for a non-increasing δ(ε); a verified upper end."""
-    from scipy.optimize import brentq
-
-    target = math.log(delta)
-
-    def excess(eps: float) -> float:
-        return float(log_delta_at(eps)) - target
-
-    if excess(0.0) <= 0:
-        return 0.0
-    high = 1.0
-    while excess(high) > 0:
-        high *= 2.0
-        if high > _EPS_MAX:
-            return math.inf
-    root = float(brentq(excess, 0.0, high, xtol=1e-12, rtol=1e-12))
-    step = 1e-12 * max(1.0, root)
-    while excess(root) > 0:  # brentq may land a hair below the root
-        root += step
-        step *= 2.0
-    return root
-
-
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """ε of the Gaussian mechanism with sensitivity μ noise standard deviations at δ, from eq. (1).
-
-    Returns the smallest ε >= 0 with δ(ε; μ) <= δ (0 where δ(0) <= δ already, ∞ for μ = ∞).
-    """
-    delta = _check_delta(delta, allow_zero=False)
-    if mu < 0:
-        raise ValueError(f"mu must be >= 0; found {mu!r}")
-    if math.isinf(mu):
-        return math.inf
-    return _smallest_epsilon(lambda eps: _log_gaussian_delta(eps, float(mu)), delta)
-
-
-def gaussian_mu(epsilon: float, delta: float) -> float:
-    """The μ whose Gaussian mechanism is exactly (ε, δ)-DP: the root of δ(ε; μ) = δ in μ (eq. (1) increases in μ)."""
-    from scipy.optimize import brentq
-
-    delta = _check_delta(delta, allow_zero=False)
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0; found {epsilon!r}")
-    target = math.log(delta)
-    high = 1.0
-    while _log_gaussian_delta(epsilon, high) < target:
-        high *= 2.0
-    return float(brentq(lambda m: _log_gaussian_delta(epsilon, m) - target, 1e-12, high, xtol=1e-13, rtol=1e-13))
-
-
-def _log_mass(lower: float, upper: float, mean: float, std: float) -> float:
-    """Log P[lower < Y < upper] for Y ~ N(mean, std²), accurate in both tails."""
-    from scipy import stats
-
-    if upper <= lower:
-        return -math.inf
-    a, b = (lower - mean) / std, (upper - mean) / std
-    if a > 0:  # both in the upper tail: survival functions
-        return _log_sub(float(stats.norm.logsf(a)), float(stats.norm.logsf(b)))
-    return _log_sub(float(stats.norm.logcdf(b)), float(stats.norm.logcdf(a)))
-
-
-def _log_hockey_stick(epsilon: float, p_mean: float, p_std: float, q_mean: float, q_std: float) -> float:
-    """Log of P[L > ε] − e^ε Q[L > ε], L = log dP/dQ, for P = N(p_mean, p_std²), Q = N(q_mean, q_std²).
-
-    L(y) = A y² + B y + C with A = 1/(2 q_std²) − 1/(2 p_std²), B = p_mean/p_std² − q_mean/q_std²,
-    C = q_mean²/(2 q_std²) − p_mean²/(2 p_std²) + log(q_std/p_std); {L > ε} is a half-line
-    (A = 0), the outside of the roots (A > 0) or the inside (A < 0).
-    """
-    from scipy.special import logsumexp
-
-    a = 0.5 / q_std**2 - 0.5 / p_std**2
-    b = p_mean / p_std**2 - q_mean / q_std**2
-    c = q_mean**2 / (2 * q_std**2) - p_mean**2 / (2 * p_std**2) + math.log(q_std / p_std) - epsilon
-    regions: list[tuple[float, float]]
-    if a == 0.0:
-        if b == 0.0:
-            regions = [(-math.inf, math.inf)] if c > 0 else []
-        elif b > 0:
-            regions = [(-c / b, math.inf)]
-        else:
-            regions = [(-math.inf, -c / b)]
-    else:
-        disc = b * b - 4 * a * c
-        if disc <= 0:
-            regions = [(-math.inf, math.inf)] if a > 0 else []
-        else:
-            root = math.sqrt(disc)
-            half = -0.5 * (b + math.copysign(root, b))  # stable roots: half/a and c/half
-            r1, r2 = sorted((half / a, c / half))
-            regions = [(-math.inf, r1), (r2, math.inf)] if a > 0 else [(r1, r2)]
-    if not regions:
-        return -math.inf
-    log_p = float(logsumexp([_log_mass(lo, hi, p_mean, p_std) for lo, hi in regions]))
-    log_q = float(logsumexp([_log_mass(lo, hi, q_mean, q_std) for lo, hi in regions]))
-    return _log_sub(log_p, epsilon + log_q)
-
-
-def two_gaussians_delta(epsilon: float, mean0: float, std0: float, mean1: float, std1: float) -> float:
-    """δ(ε) of the pair N(mean0, std0²), N(mean1, std1²): the larger hockey-stick divergence of the two orders.
-
-    With equal standard deviations this is eq. (1) at μ = |mean1 − mean0| / std.
-    """
-    if std0 <= 0 or std1 <= 0:
-        raise ValueError(f"standard deviations must be > 0; found {std0!r}, {std1!r}")
-    return math.exp(max(_log_hockey_stick(epsilon, mean1, std1, mean0, std0),
-                        _log_hockey_stick(epsilon, mean0, std0, mean1, std1)))
-
-
-def two_gaussians_epsilon(mean0: float, std0: float, mean1: float, std1: float, delta: float) -> float:
-    """The smallest ε >= 0 at which N(mean0, std0²) and N(mean1, std1²) are (ε, δ)-indistinguishable.
-
-    A zero standard deviation with distinct means is ∞ (a point mass the other hardly reaches);
-    with equal means and both zero, 0.
-    """
-    delta = _check_delta(delta, allow_zero=False)
-    if std0 <= 0 or std1 <= 0:
-        return 0.0 if (mean0 == mean1 and std0 == std1) else math.inf
-
-    def log_delta(eps: float) -> float:
-        return max(_log_hockey_stick(eps, mean1, std1, mean0, std0), _log_hockey_stick(eps, mean0, std0, mean1, std1))
-
-    return _smallest_epsilon(log_delta, delta)
 
 
 # --------------------------------------------------------------------------- one run (Steinke et al.)
@@ -306,7 +119,7 @@ def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, d
         raise ValueError(f"need 0 <= correct <= guesses <= canaries; found {v}, {r}, {m}")
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0; found {epsilon!r}")
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     if v == 0:
         return 1.0
     q = float(expit(epsilon))
@@ -331,9 +144,9 @@ def _largest_rejected(p_value: Callable[[float], float], significance: float) ->
     low, high = 0.0, 1.0
     while float(p_value(high)) <= significance:
         low, high = high, 2.0 * high
-        if high > _EPS_MAX:
+        if high > EPS_MAX:
             return low
-    while high - low > _EPS_TOL * max(1.0, low):
+    while high - low > EPS_TOL * max(1.0, low):
         mid = 0.5 * (low + high)
         if float(p_value(mid)) <= significance:
             low = mid
@@ -436,7 +249,7 @@ class RateBounds:
 
     def epsilon(self, delta: float) -> float:
         """The larger side of eq. (3) at δ (0 where neither is positive)."""
-        delta = _check_delta(delta)
+        delta = check_delta(delta)
         return max(0.0, _ratio_bound(self.false_negative, self.false_positive, delta),
                    _ratio_bound(self.false_positive, self.false_negative, delta))
 
@@ -494,7 +307,7 @@ def threshold_audit(scores: Sequence[float] | np.ndarray, secrets: Sequence[int]
         most likely to refute the claim, often far from the tail that δ = 1e-5 needs).
     """
     s, b = _as_trials(scores, secrets)
-    delta = _check_delta(delta)
+    delta = check_delta(delta)
     confidence = _check_confidence(confidence)
     if not 0 < pilot_fraction < 1:
         raise ValueError(f"pilot_fraction must be in (0, 1); found {pilot_fraction!r}")
@@ -516,7 +329,7 @@ def threshold_audit(scores: Sequence[float] | np.ndarray, secrets: Sequence[int]
     if against is None:
         objective = curve(delta)
     else:
-        claims = [(_check_delta(d), float(e)) for d, e in against]
+        claims = [(check_delta(d), float(e)) for d, e in against]
         if not claims:
             raise ValueError("against must hold at least one (delta, epsilon) claim")
         objective = np.max(np.stack([np.maximum(curve(d), 0.0) - e for d, e in claims]), axis=0)
@@ -577,8 +390,8 @@ def one_shot_epsilon(inserted: Sequence[float] | np.ndarray, held_out: Sequence[
     """Fit a Gaussian to each population of canary statistics and return the ε between the two.
 
     With ``equal_variance`` (the default) the two fits share their pooled standard deviation s
-    and ε is that of the Gaussian mechanism with μ = |mean_in − mean_out| / s, eq. (1): under
-    the Gaussian mechanism the two variances are equal, and fitting them apart only adds
+    and ε is that of the Gaussian mechanism with μ = |mean_in − mean_out| / s (eq. (1) of
+    :mod:`privacy.gaussian_profile`): under the Gaussian mechanism the two variances are equal, and fitting them apart only adds
     sampling noise, which a quadratic privacy loss turns into a large overestimate at small δ.
     Without it, ε is that of the two separately fitted Gaussians (as Andrew et al.'s code
     reads a fitted N(μ, σ²) against the null).
@@ -593,7 +406,7 @@ def one_shot_epsilon(inserted: Sequence[float] | np.ndarray, held_out: Sequence[
     delta : float
         δ of the estimate.
     """
-    delta = _check_delta(delta, allow_zero=False)
+    delta = check_delta(delta, allow_zero=False)
     x_in, x_out = np.asarray(inserted, dtype=np.float64).ravel(), np.asarray(held_out, dtype=np.float64).ravel()
     if x_in.size < 2 or x_out.size < 2:
         raise ValueError(f"each population needs >= 2 values; found {x_in.size} and {x_out.size}")

@@ -19,15 +19,17 @@ from scipy import integrate, stats
 from privacy.accountants import epsilon_of
 from privacy.auditing import (
     clopper_pearson_upper,
-    gaussian_delta,
-    gaussian_epsilon,
-    gaussian_mu,
     one_run_audit,
     one_run_epsilon_bound,
     one_run_p_value,
     one_shot_epsilon,
     rate_bounds,
     threshold_audit,
+)
+from privacy.gaussian_profile import (
+    gaussian_delta,
+    gaussian_epsilon,
+    gaussian_mu,
     two_gaussians_delta,
     two_gaussians_epsilon,
 )

@@ -116,9 +116,9 @@ def test_unsampled_epsilon_is_the_verified_upper_end_of_the_gaussian_profile(sig
                                                                              delta: float) -> None:
     """q = 1: ε is where the Gaussian profile δ(ε; μ), μ = 2√n/σ, crosses δ: on the safe side, within 1e-9.
 
-    The profile is evaluated by privacy.auditing (eq. (1) there), a computation independent of the accountant.
+    The profile is evaluated by privacy.gaussian_profile (eq. (1) there), a computation independent of the accountant.
     """
-    from privacy.auditing import gaussian_delta
+    from privacy.gaussian_profile import gaussian_delta
 
     eps = epsilon_of([(sigma, 1.0, steps)], delta, "prv")
     mu = 2.0 * math.sqrt(steps) / sigma
