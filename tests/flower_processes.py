@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privet.cli import flwr_env as cli_flwr_env
-from privet.cli import free_port
+from privet.flower_sim import flwr_env as cli_flwr_env
+from privet.flower_sim import free_port
 
 BIN = Path(sys.executable).parent
 APP_DIR = Path(__file__).resolve().parents[1]
 
 
 def flwr_env(home: Path) -> dict[str, str]:
-    """``privet.cli.flwr_env`` with one thread per process (several share 2 cores here)."""
+    """``privet.flower_sim.flwr_env`` with one thread per process (several share 2 cores here)."""
     return {**cli_flwr_env(home), "OMP_NUM_THREADS": "1"}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from privet import cli
+from privet import cli, flower_sim
 from server.config import ConfigError, RunConfig
 from server.console import RunConsole, logs_to, parse_line
 from server.federation import check_federation, mismatch_message, settled_node_count
@@ -234,11 +234,11 @@ def test_only_this_runs_simulation_processes_are_found_and_stopped(tmp_path):
 
     ours, theirs = fake_simulation(tmp_path / "ours"), fake_simulation(tmp_path / "theirs")
     try:
-        assert cli.simulation_pids(tmp_path / "ours") == [ours.pid]
-        assert not cli.wait_for_simulation(tmp_path / "ours", timeout=0.5)
-        cli.stop_simulation(tmp_path / "ours")
+        assert flower_sim.simulation_pids(tmp_path / "ours") == [ours.pid]
+        assert not flower_sim.wait_for_simulation(tmp_path / "ours", timeout=0.5)
+        flower_sim.stop_simulation(tmp_path / "ours")
         assert ours.wait(timeout=10) != 0
-        assert cli.wait_for_simulation(tmp_path / "ours", timeout=5)
+        assert flower_sim.wait_for_simulation(tmp_path / "ours", timeout=5)
         assert theirs.poll() is None  # another run's process is left alone
     finally:
         for proc in (ours, theirs):
@@ -249,7 +249,7 @@ def test_only_this_runs_simulation_processes_are_found_and_stopped(tmp_path):
 
 # ------------------------------------------------------------------ Ray cluster (RAY_ADDRESS)
 def test_an_unreachable_ray_address_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{cli.free_port()}")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{flower_sim.free_port()}")
     code, text = run_cli(["run", "--out", str(tmp_path / "r"), "--set", "num-clients=2"], capsys)
     assert code == 2
     assert text.startswith("privet: error: RAY_ADDRESS=127.0.0.1:") and "no Ray cluster answers" in text
@@ -260,7 +260,7 @@ def test_an_unreachable_ray_address_is_refused_in_one_line(monkeypatch, capsys, 
 
 
 def test_ray_address_auto_or_local_is_left_to_ray():
-    assert cli.ray_cluster_address({"RAY_ADDRESS": "auto"}) is None
-    assert cli.ray_cluster_address({"RAY_ADDRESS": "local"}) is None
-    assert cli.ray_cluster_address({}) is None
-    assert cli.ray_cluster_address({"RAY_ADDRESS": " 10.0.0.1:6379 "}) == "10.0.0.1:6379"
+    assert flower_sim.ray_cluster_address({"RAY_ADDRESS": "auto"}) is None
+    assert flower_sim.ray_cluster_address({"RAY_ADDRESS": "local"}) is None
+    assert flower_sim.ray_cluster_address({}) is None
+    assert flower_sim.ray_cluster_address({"RAY_ADDRESS": " 10.0.0.1:6379 "}) == "10.0.0.1:6379"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from privet.cli import free_port, stop_local_superlink
+from privet.flower_sim import free_port, stop_local_superlink
 
 pytestmark = pytest.mark.slow
 
