@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from privet.cli import stop_local_superlink
+from privet.flower_sim import stop_local_superlink
 from tests.privet.test_flwr_run_native import newest_run, user_shell
 
 pytestmark = pytest.mark.slow
