@@ -48,7 +48,8 @@ from client.release import client_release
 from privacy.auditing import DEFAULT_CONFIDENCE
 from privacy.mechanism_audit import assess
 from privet.audit_defaults import DEFAULT_CANARIES, DEFAULT_EXTENSION
-from privet.audit_games import CANARY_NORM, RECORD_FEATURE, STAND_IN_DIM, CanaryWork, games, select
+from privet.audit_dpsgd import RECORD_FEATURE
+from privet.audit_games import CANARY_NORM, STAND_IN_DIM, CanaryWork, games, select
 from privet.audit_setup import RUN_ID, AuditConfigError, MechanismHook
 from privet.audit_setup import setup as audit_setup
 from server.audit_merge import audit_merge_refusal

@@ -24,12 +24,8 @@ public parameter, the run seed and every client's partition id, and deviates by 
     server sees the group sum. The extended run is refused by the canary after the T releases
     it paid for. Where q_m = 1 (no amplification charged) the server also knows which sums the
     canary is in, and scores those only.
-``dpsgd`` (record level)
-    One client, one run (Steinke et al.): its shard of n records holds m canary records, record
-    i with feature 3C on coordinate i of a logistic regression (privet's ``logreg``) and label
-    (1 + S_i)/2; the rest are zero-feature fillers. :func:`client.training.train_dpsgd` trains on
-    it with the config's q, steps, clip, learning rate and momentum. The server sees each round's
-    upload (the model), not the steps inside it.
+``dpsgd``, ``dpsgd-final`` (record level)
+    One client's DP-SGD run on a shard holding canary records: :mod:`privet.audit_dpsgd`.
 
 In every game the server also tries to **regenerate the noise** as a server that knows the run
 seed can where ``noise-source = "seeded"`` (:func:`client.seeds.client_seed`): it replays each
@@ -70,12 +66,11 @@ from privet.audit_setup import (
     client_noise,
     fresh_ledger,
     mechanism_kind,
-    num_examples,
     round_mechanism,
     server_replay,
 )
 
-__all__ = ["CANARY_NORM", "GAMES", "RECORD_FEATURE", "STAND_IN_DIM", "CanaryWork", "Game", "Play", "Played",
+__all__ = ["CANARY_NORM", "GAMES", "STAND_IN_DIM", "CanaryWork", "Game", "Play", "Played",
            "explained", "game", "game_for", "games", "most_charged", "select", "unit_rows"]
 
 #: Coordinates of the stand-in update of the client-level games (the projection of isotropic
@@ -83,9 +78,6 @@ __all__ = ["CANARY_NORM", "GAMES", "RECORD_FEATURE", "STAND_IN_DIM", "CanaryWork
 STAND_IN_DIM: Final = 256
 #: The canary's update norm before clipping, in units of C (clipping must act).
 CANARY_NORM: Final = 2.0
-#: A DP-SGD canary record's feature, in units of C (its gradient's norm exceeds C while the
-#: model's probability of its label stays below about 0.76).
-RECORD_FEATURE: Final = 3.0
 
 
 # --------------------------------------------------------------------------- what a game is
@@ -206,7 +198,6 @@ class CanaryWork:
         raise ValueError("a client-level canary has no DP-SGD work")
 
 
-
 def explained(seen: np.ndarray, replayed: np.ndarray) -> np.ndarray:
     """What a server that regenerated a client's noise reads: ``seen − replayed`` where the replay explains
     ``seen`` (a smaller residual: the noise was seeded from what it knows), else ``seen`` itself.
@@ -309,130 +300,6 @@ def _replayed_noise(setup: AuditSetup, mechanism: Mechanism, sigma: float, parti
     return np.asarray(draw, dtype=np.float64)
 
 
-# --------------------------------------------------------------------------- the record-level game
-def _record_level(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
-                  hook: MechanismHook | None) -> Played:
-    """One client's DP-SGD run on a shard holding canary records, each upload observed (module docstring)."""
-    return _dpsgd_run(setup, canaries=canaries, extension=extension, rng=rng, hook=hook, view="uploads")
-
-
-def _record_level_final(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
-                        hook: MechanismHook | None) -> Played:
-    """The same run, observed only by querying the final model (black-box, ``dpsgd-final``)."""
-    return _dpsgd_run(setup, canaries=canaries, extension=extension, rng=rng, hook=hook, view="final")
-
-
-def _dpsgd_run(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
-               hook: MechanismHook | None, view: str) -> Played:
-    """The record-level game; ``view`` is what the adversary reads: ``uploads`` or the ``final`` model.
-
-    ``final``: the adversary holds only the released model after the last round and queries it on
-    each canary record and on the all-zero record: the logit change on x_i = 3C·e_i less the
-    zero record's (the bias) is 3C·(W_T − W_0)[:, i], the canary's coordinate, read through
-    forward passes alone. No per-round view and no replay of seeded noise.
-    """
-    import torch
-
-    from client.training import LocalTrainingConfig
-    from client.work import ModelWork
-    from privacy.mechanisms import dpsgd_expected_batch
-    from tasks.array_dataset import ArrayDataset
-    from tasks.model_names import resolve_grad_sample_mode
-    from tasks.models import build_model, get_weights, set_weights
-
-    train = setup.train
-    n = num_examples(setup)
-    examples, _ = train.dpsgd_workload(n)
-    m = min(canaries, examples)
-    ledger = fresh_ledger(setup)
-    clip = train.clip
-    secrets = rng.choice(np.array([-1, 1]), size=m)
-    x = np.zeros((examples, 1, 1, m), dtype=np.float32)
-    x[np.arange(m), 0, 0, np.arange(m)] = RECORD_FEATURE * clip
-    y = np.arange(examples, dtype=np.int64) % 2  # fillers: alternating labels (the bias stays balanced)
-    y[:m] = (1 + secrets) // 2
-    data = ArrayDataset(x, y, num_classes=2, name="canary-shard")
-    model = build_model("logreg", input_shape=(1, 1, m), num_classes=2, seed=0)
-    mode = resolve_grad_sample_mode(train.grad_sample_mode, "logreg")
-    rounds = train.num_rounds * extension
-    released = np.zeros((2, m))
-    initial = [w.copy() for w in get_weights(model)]
-    sigma, rate, steps = float(train.noise_multiplier), 0.0, 0
-    releases = 0
-    pid = setup.profile.partition_id
-    for t in range(1, rounds + 1):
-        before = [w.copy() for w in get_weights(model)]
-        mechanism = round_mechanism(setup, n, hook)
-        local = LocalTrainingConfig(epochs=train.local_epochs, steps=train.local_steps, batch_size=train.batch_size,
-                                    learning_rate=train.learning_rate, momentum=train.momentum, seed=t)
-        torch.manual_seed(t)
-        done = client_release(mechanism, ledger, run_id=RUN_ID, server_round=t,
-                              work=ModelWork(model, data, local, mode), noise=client_noise(setup, pid, t))
-        if done is None:
-            set_weights(model, before)  # refused: the model it trained (if any) is never sent
-            continue
-        upload, release = done
-        releases += 1
-        sigma, rate, steps = release.noise_multiplier, release.sample_rate, release.steps
-        seen = upload.arrays[0].astype(np.float64) - before[0]
-        replayed = _replayed_dpsgd(setup, t, examples, (2, m), sigma * clip, rate, steps, train,
-                                   dpsgd_expected_batch(examples, train.batch_size))
-        released += explained(seen, replayed)
-        set_weights(model, upload.arrays)  # the server sends the upload back as the next model
-    if view == "final":
-        released = _queried_change(model, initial, x[:m], RECORD_FEATURE * clip)
-    scores = (released[1] - released[0]) / clip
-    directions = np.zeros((m, 2 * m))
-    directions[np.arange(m), m + np.arange(m)] = 1.0
-    directions[np.arange(m), np.arange(m)] = -1.0
-    cos = canary_cosines(np.concatenate([released[0], released[1]]), directions)
-    obs = Observation(secrets, scores, cos, tuple(ledger.charges()), "replace-one", releases)
-    return Played(obs, mechanism.kind, ledger.conversion(), noise_multiplier=sigma, sample_rate=rate, clip=clip,
-                  steps=steps, rounds_requested=rounds, releases_per_canary=releases)
-
-
-def _queried_change(model: Any, initial: list[np.ndarray], probes: np.ndarray, feature: float) -> np.ndarray:
-    """(W_T − W_0)[:, i] for each canary i, from the logits of the final and the initial model only."""
-    import torch
-
-    from tasks.models import get_weights, set_weights
-
-    final = [w.copy() for w in get_weights(model)]
-    queries = torch.from_numpy(np.concatenate([probes, np.zeros_like(probes[:1])]))
-
-    def logits(weights: list[np.ndarray]) -> np.ndarray:
-        set_weights(model, weights)
-        with torch.no_grad():
-            return np.asarray(model(queries).double().numpy())
-
-    change = logits(final) - logits(initial)
-    set_weights(model, final)
-    return np.asarray((change[:-1] - change[-1]).T / feature)
-
-
-def _replayed_dpsgd(setup: AuditSetup, server_round: int, n: int, shape: tuple[int, int], std: float, rate: float,
-                    steps: int, train: Any, expected_batch: int) -> np.ndarray:
-    """The weight change that a seeded client's DP-SGD noise alone makes, regenerated from the run seed.
-
-    The source is drawn in :func:`client.training.train_dpsgd`'s order (each step: the Poisson
-    coin flips, then the weight's and the bias's noise); SGD with momentum β is linear, so the
-    noise of step t moves the weights by −η z_t (1 − β^(S−t)) / ((1 − β) B).
-    """
-    replay = server_replay(setup, setup.profile.partition_id, server_round)
-    beta, lr = train.momentum, train.learning_rate
-    total = np.zeros(shape)
-    for t in range(steps):
-        replay.uniform(n)
-        z = replay.normal(shape, std).astype(np.float32).astype(np.float64)
-        replay.normal((shape[0],), std)
-        remaining = steps - t
-        factor = remaining if beta == 0 else (1 - beta ** remaining) / (1 - beta)
-        total -= lr * factor * z / expected_batch
-    return total
-
-
-
-
 # --------------------------------------------------------------------------- the games and the registry
 def _update(setup: AuditSetup, *, canaries: int, extension: int, rng: np.random.Generator,
             hook: MechanismHook | None) -> Played:
@@ -458,13 +325,6 @@ GROUP_SUM: Final = Game("group-sum", "group-share", "client",
                         "only the group's sum of r_m noise shares per round, the canary in it with probability q_m "
                         "(the server does not see who was sampled; at q_m = 1 it knows which sums hold the canary)",
                         _group_sum)
-DPSGD: Final = Game("dpsgd", "dpsgd", "record",
-                    "each round's uploaded model of one client whose shard holds the canary records (not the steps)",
-                    _record_level)
-DPSGD_FINAL: Final = Game("dpsgd-final", "dpsgd", "record",
-                          "only the final model, queried on the canary records (black-box; one client whose shard "
-                          "holds the canary records)", _record_level_final)
-
 #: **The registry**: a game's name -> where its :class:`Game` lives, ``"module:ATTRIBUTE"``, imported on
 #: first use (so a game's own module may import this one). The first game of a mechanism kind is its
 #: default; later ones run when named (``--game``). To add a game, define it in its own module and add
@@ -473,9 +333,9 @@ GAMES: Final[dict[str, str]] = {
     "update": "privet.audit_games:UPDATE",
     "secure-sum": "privet.audit_games:SECURE_SUM",
     "group-sum": "privet.audit_games:GROUP_SUM",
-    "dpsgd": "privet.audit_games:DPSGD",
+    "dpsgd": "privet.audit_dpsgd:DPSGD",
     "dpsgd-steps": "privet.audit_dpsgd_steps:DPSGD_STEPS",
-    "dpsgd-final": "privet.audit_games:DPSGD_FINAL",
+    "dpsgd-final": "privet.audit_dpsgd:DPSGD_FINAL",
     "centroids": "privet.audit_centroids:CENTROIDS",
     "ddg-sum": "privet.audit_ddg:DDG_SUM",
     "group-ddg-sum": "privet.audit_group_ddg:GROUP_DDG_SUM",

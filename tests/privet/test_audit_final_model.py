@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from privet.audit_cmd import audit
-from privet.audit_games import RECORD_FEATURE, _queried_change, game
+from privet.audit_dpsgd import RECORD_FEATURE, _queried_change
+from privet.audit_games import game
 from tests.privet.test_audit_games_more import STEPS, half_sigma_dpsgd
 
 #: DP-SGD at ε = 4 over T = 1 round, one full batch of the 1,000-record shard per step (q = 1).
