@@ -68,7 +68,7 @@ class AuditRecord:
     """One audited mechanism: the statistics, and what every audit of it states, whichever runtime ran it.
 
     The base of ``privet audit``'s records (:class:`privet.audit_cmd.MechanismAudit`, a canary game in
-    process; :class:`privet.audit_flower.FlowerAudit`, one view of a real run), which add what their
+    process; :class:`privet.audit_flower_report.FlowerAudit`, one view of a real run), which add what their
     runtime ran and observed.
 
     Attributes

@@ -1,7 +1,7 @@
 """The two runtimes' records of an audited mechanism say the same thing for the same numbers.
 
 ``privet audit`` keeps a canary game's result in :class:`privet.audit_cmd.MechanismAudit` and a real
-run's view in :class:`privet.audit_flower.FlowerAudit`; both are :class:`server.audit_text.AuditRecord`.
+run's view in :class:`privet.audit_flower_report.FlowerAudit`; both are :class:`server.audit_text.AuditRecord`.
 Given one :class:`privacy.mechanism_audit.AuditResult` (from the real statistics on a synthetic
 observation, one that refutes its charge and one that does not) and the same σ, C, releases and
 noise source, the flag and the line are equal, every key their ``audit.json`` records share holds
@@ -18,7 +18,7 @@ import pytest
 
 from privacy.mechanism_audit import Observation, assess
 from privet.audit_cmd import AuditReport, MechanismAudit
-from privet.audit_flower import VIEW_OBSERVES, FlowerAudit, FlowerAuditReport
+from privet.audit_flower_report import VIEW_OBSERVES, FlowerAudit, FlowerAuditReport
 
 #: What the ledger charged for one canary: one Gaussian release, σ = 1.2, q = 1.
 HISTORY = ((1.2, 1.0, 1),)
