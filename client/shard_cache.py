@@ -10,7 +10,7 @@ simulation worker, the in-process grid) skips the disk altogether.
 The key is a SHA-256 of everything the shard depends on: the dataset name and folder,
 a fingerprint of the folder's files (name, size, mtime), the partitioning keys of the run
 config, and the partition id and count. A change to any of them is a different file, so a
-stale shard is never read. Writes are atomic (temporary file, then ``os.replace``); a file
+stale shard is never read. Writes are atomic (:func:`privacy.private_file.write_private_file`); a file
 that cannot be read is ignored and rewritten. Arrays are stored without pickling.
 
 The cache holds raw training data: it stays on the node, in a folder only the node's user
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from privacy.private_file import write_private_file
 from tasks.array_dataset import ArrayDataset
 
 log = logging.getLogger(__name__)
@@ -99,16 +100,9 @@ def _read(path: Path) -> tuple[ArrayDataset, int] | None:
 
 
 def _write(path: Path, data: ArrayDataset, dataset_classes: int) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, x=data.x, y=data.y, num_classes=data.num_classes, name=data.name,
-                     dataset_classes=dataset_classes)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_private_file(path, lambda fh: np.savez(fh, x=data.x, y=data.y, num_classes=data.num_classes,
+                                                 name=data.name, dataset_classes=dataset_classes),
+                       folder_mode=0o700)
 
 
 def cached_shard(

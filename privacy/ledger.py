@@ -41,7 +41,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,23 +66,13 @@ from privacy.checks import (
     check_step,
 )
 from privacy.exceptions import PrivacyBudgetExhausted
-from privacy.poisson_rdp import curve_step_from_dict
+from privacy.ledger_file import CURVE_SCHEMA_VERSION, LEDGER_KIND, LEDGER_SCHEMA_VERSION, UNKNOWN_MODE, read_state
+from privacy.private_file import write_private_file
 
 __all__ = ["CLIENT_LEVEL_MODES", "DDG_MODE", "GROUP_DDG_MODE", "LEDGER_KIND", "PrivacyLedger", "RDP_ONLY_MODES",
-           "RunPlan", "UNIT_CLIENT",
-           "UNIT_RECORD"]
+           "RunPlan", "UNIT_CLIENT", "UNIT_RECORD"]
 
 log = logging.getLogger(__name__)
-
-#: Value of the ``"kind"`` field that marks a file as a privet privacy ledger.
-LEDGER_KIND = "privet-privacy-ledger"
-
-#: Version of the ledger JSON layout. Version 1 (no ``modes``, ``relation``) still loads:
-#: its mechanisms are re-accounted under replace-one and its releases have mode "unknown".
-#: Version 2 (no ``runs``) loads with no run plans.
-LEDGER_SCHEMA_VERSION = 3
-#: Version of a ledger whose history holds a step with its own RDP curve (a JSON object, not a triple).
-CURVE_SCHEMA_VERSION = 4
 
 #: The mode of a distributed discrete Gaussian release inside a secure sum (client level).
 DDG_MODE = "secure-ddg"
@@ -98,23 +87,6 @@ RDP_ONLY_MODES = frozenset({DDG_MODE, GROUP_DDG_MODE})
 RDP_CONVERSION = "rdp"
 UNIT_CLIENT = "client"
 UNIT_RECORD = "record"
-UNKNOWN_MODE = "unknown"
-
-_REQUIRED_KEYS = (
-    "schema_version",
-    "kind",
-    "epsilon_budget",
-    "delta",
-    "accountant",
-    "history",
-    "rounds",
-    "run_ids",
-)
-_V2_KEYS = ("modes", "relation")
-_V3_KEYS = ("runs",)
-_OPTIONAL_V4_KEYS = ("curves",)
-_INFORMATIONAL_KEYS = ("epsilon_spent", "unit")  # written for humans, ignored (recomputed) on load
-
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -400,55 +372,9 @@ class PrivacyLedger:
             If ``state`` is not a ledger of a supported ``schema_version``, misses a key,
             has an unknown key or an invalid value; the message names the key.
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"ledger must be a JSON object; found {type(state).__name__}")
-        version = check_int("schema_version", state.get("schema_version"), minimum=0)
-        if version not in (1, 2, LEDGER_SCHEMA_VERSION, CURVE_SCHEMA_VERSION):
-            raise ValueError(f"ledger schema_version {version} is not supported; supported: 1, 2, "
-                             f"{LEDGER_SCHEMA_VERSION}, {CURVE_SCHEMA_VERSION}")
-        required = _REQUIRED_KEYS + (_V2_KEYS if version >= 2 else ()) + (_V3_KEYS if version >= 3 else ())
-        missing = [k for k in required if k not in state]
-        optional = _OPTIONAL_V4_KEYS if version >= CURVE_SCHEMA_VERSION else ()
-        unknown = sorted(str(k) for k in state if k not in required + optional + _INFORMATIONAL_KEYS)
-        if missing or unknown:
-            raise ValueError(
-                f"ledger keys must be {list(required)} (plus optional "
-                f"{list(_INFORMATIONAL_KEYS)}); missing {missing}, unexpected {unknown}"
-            )
-        if state["kind"] != LEDGER_KIND:
-            raise ValueError(f"ledger 'kind' must be {LEDGER_KIND!r}; found {state['kind']!r}")
-        if version >= 2 and state["relation"] != REPLACE_ONE:
-            raise ValueError(f"ledger 'relation' must be {REPLACE_ONE!r}; found {state['relation']!r}")
-        budget = state["epsilon_budget"]
-        for name in ("history", "rounds", "run_ids"):
-            if not isinstance(state[name], list):
-                raise ValueError(f"ledger '{name}' must be a list; found {state[name]!r}")
-        modes = state["modes"] if version >= 2 else [UNKNOWN_MODE] * len(state["rounds"])
-        if not isinstance(modes, list):
-            raise ValueError(f"ledger 'modes' must be a list; found {modes!r}")
-        runs = state["runs"] if version >= 3 else {}
-        if not isinstance(runs, dict):
-            raise ValueError(f"ledger 'runs' must be an object; found {runs!r}")
-        plans = {}
-        for key, plan in runs.items():
-            if not (isinstance(key, str) and key.isdigit()):
-                raise ValueError(f"ledger 'runs' keys must be run ids; found {key!r}")
-            plans[int(key)] = RunPlan.from_dict(plan, f"runs.{key}")
-        raw_curves = state.get("curves", []) if version >= CURVE_SCHEMA_VERSION else []
-        if not isinstance(raw_curves, list):
-            raise ValueError(f"ledger 'curves' must be a list; found {raw_curves!r}")
-        curves = [curve_step_from_dict(c, f"curves[{i}]") for i, c in enumerate(raw_curves)]
-        return cls(
-            epsilon_budget=math.inf if budget is None else budget,
-            delta=state["delta"],
-            accountant=state["accountant"],
-            history=list(state["history"]),
-            rounds=list(state["rounds"]),
-            run_ids=list(state["run_ids"]),
-            modes=list(modes),
-            runs=plans,
-            curves=curves,
-        )
+        fields = read_state(state)
+        plans = {run_id: RunPlan.from_dict(plan, f"runs.{run_id}") for run_id, plan in fields["runs"].items()}
+        return cls(**{**fields, "runs": plans})
 
     @classmethod
     def from_json(cls, text: str) -> PrivacyLedger:
@@ -466,30 +392,13 @@ class PrivacyLedger:
         return cls.from_dict(state)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the ledger to ``path`` atomically.
+        """Write the ledger to ``path`` atomically and durably (:func:`privacy.private_file.write_private_file`).
 
-        The JSON goes to a temporary file in the same directory, is flushed and fsync'ed,
-        and then ``os.replace``-d over ``path`` (atomic on POSIX and Windows), and the
-        directory is fsync'ed where supported. A crash leaves either the old or the new
-        ledger, never a torn one. Parent directories are created. One writer per file.
+        A crash leaves either the old or the new ledger, never a torn one. Parent directories are
+        created; the file is readable by its owner only. One writer per file.
         """
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
         payload = self.to_json().encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        _fsync_directory(target.parent)
+        write_private_file(path, lambda fh: fh.write(payload))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> PrivacyLedger:
@@ -571,16 +480,3 @@ class PrivacyLedger:
             )
         return ledger
 
-
-def _fsync_directory(directory: Path) -> None:
-    """Persist a rename on POSIX; a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
