@@ -32,6 +32,13 @@ computed per layer the cheaper of two exact ways (the paper's "mixed" choice, he
     for the project's models (cnn's first convolution: T = 196, 2T² = 76,832 > pd = 1,024), so
     it is used only where B·p·d floats would exceed :data:`INSTANTIATE_BYTES`.
 
+**An example whose gradient is not finite** (its norm NaN or inf: the model overflowed on it)
+contributes the zero gradient, c_i = 0 (3'): its clipped gradient must stay a point of the C-ball
+whatever the data, or the step's sum, and the model the client releases, would be NaN exactly when
+some record makes the model overflow, a data-dependent event that no charge covers (a deviating
+server can craft weights that overflow on chosen records). Opacus' modes (``hooks``, ``ghost``) do
+not do this.
+
 Same mechanism as Opacus' modes: the tests compare (4) without noise against Opacus' per-sample
 hooks for every model in :data:`tasks.models.MODELS`, and the noise is drawn from the client's
 private source in Opacus' order (one draw per trainable parameter, in ``model.parameters()``
@@ -138,6 +145,11 @@ def _as_weight(layer: nn.Conv2d, grad: torch.Tensor) -> torch.Tensor:
 
 #: Given the clip factors c (3), a layer's clipped sums (4) by parameter.
 _Finish = Callable[[torch.Tensor], dict[torch.Tensor, torch.Tensor]]
+
+
+def _zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t`` with the examples (first dimension) marked in ``rows`` set to zero."""
+    return torch.where(rows.view(-1, *([1] * (t.dim() - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t)
 
 
 def _trainable(p: torch.Tensor | None) -> bool:
@@ -259,6 +271,11 @@ class BookKeepingDPSGD:
                 squared += sq
                 pending.append(finish)
             factor = (self.clip / (squared.sqrt() + _NORM_EPS)).clamp(max=1.0)  # (3)
+            diverged = ~torch.isfinite(squared)
+            if bool(diverged.any()):  # (3'): such an example's clipped gradient is 0 (module docstring)
+                factor = torch.where(diverged, torch.zeros_like(factor), factor)
+                pending = [self._layer_norms(layer, _zero_rows(a, diverged), _zero_rows(g, diverged))[0]
+                           for (layer, a, _), g in zip(seen, grads, strict=True)]
             summed: dict[torch.Tensor, torch.Tensor] = {}
             for finish in pending:
                 summed.update(finish(factor))

@@ -65,7 +65,7 @@ import numpy as np
 from privacy.distributed_discrete_gaussian import DDGParameters, encode, gaussian_equivalent_multiplier
 from privacy.ledger import DDG_MODE, GROUP_DDG_MODE, PrivacyLedger
 from privacy.mechanisms.base import LocalWork, Mechanism, Release, Upload
-from privacy.mechanisms.gaussian import CLIPPED, UPDATE_NORM
+from privacy.mechanisms.gaussian import CLIPPED, NON_FINITE, UPDATE_NORM, finite_or_zero
 from privacy.mechanisms.group_share import GroupRun
 from privacy.poisson_rdp import DDGPoissonStep
 from privacy.randomness import NoiseSource
@@ -153,10 +153,10 @@ def _run_share(ddg: DDGSum, work: LocalWork, noise: NoiseSource) -> Upload:
 
     def privatize(received: list[np.ndarray], trained: list[np.ndarray]) -> tuple[list[np.ndarray],
                                                                                       dict[str, float]]:
-        update = np.concatenate([(np.asarray(t, np.float64) - np.asarray(r, np.float64)).ravel()
-                                 for t, r in zip(trained, received, strict=True)])
-        encoded, diag = encode(update, ddg.params, ddg.rotation_seed, noise)
-        return [encoded], {UPDATE_NORM: diag["norm"], CLIPPED: diag["clipped"]}
+        layers, zeroed = finite_or_zero([np.asarray(t, np.float64) - np.asarray(r, np.float64)
+                                         for t, r in zip(trained, received, strict=True)])
+        encoded, diag = encode(np.concatenate([a.ravel() for a in layers]), ddg.params, ddg.rotation_seed, noise)
+        return [encoded], {UPDATE_NORM: diag["norm"], CLIPPED: diag["clipped"], NON_FINITE: float(zeroed)}
 
     return work.train(privatize)
 

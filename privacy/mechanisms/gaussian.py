@@ -38,8 +38,10 @@ from privacy.randomness import NoiseSource
 __all__ = [
     "CLIPPED",
     "NOISE_STD",
+    "NON_FINITE",
     "UPDATE_NORM",
     "clip_update",
+    "finite_or_zero",
     "gaussian_noise_like",
     "l2_norm",
     "local_noise_multiplier",
@@ -50,6 +52,7 @@ __all__ = [
 UPDATE_NORM = "update-norm"
 CLIPPED = "clipped"
 NOISE_STD = "noise-std"
+NON_FINITE = "non-finite-update"
 
 _MAX_SHRINK_ITERATIONS = 64
 
@@ -166,6 +169,22 @@ def gaussian_noise_like(
     return [draw(a.shape).astype(a.dtype) for a in arrays]
 
 
+def finite_or_zero(update: Sequence[np.ndarray]) -> tuple[list[np.ndarray], bool]:
+    """The update, or the zero update of its shapes where any coordinate is NaN or ±inf; and whether it was.
+
+    Local training can diverge on a client's data. Refusing to release then would tell whoever
+    sees the reply that it did: a data-dependent bit that no charge covers. Releasing the zero
+    update instead keeps the mechanism's input a function of the data into the C-ball (the zero
+    update is in it and does not depend on the data), so the sensitivity, 2C under replace-one,
+    and with it the charge, hold unchanged. (TFF's robust aggregators zero non-finite updates
+    the same way.)
+    """
+    arrays = [np.asarray(a) for a in update]
+    if all(np.isfinite(a).all() for a in arrays):
+        return arrays, False
+    return [np.zeros_like(a) for a in arrays], True
+
+
 def privatize_update(
     update: Sequence[np.ndarray],
     *,
@@ -199,12 +218,15 @@ def privatize_update(
         The privatised update, same shapes and dtypes.
     diagnostics : dict of str to float
         ``"update-norm"``: ‖u‖₂ before clipping; ``"clipped"``: 1.0 if clipping changed
-        the update, else 0.0; ``"noise-std"``: σC/√m, the per-coordinate noise std added.
+        the update, else 0.0; ``"noise-std"``: σC/√m, the per-coordinate noise std added;
+        ``"non-finite-update"``: 1.0 if u held NaN or inf and the zero update was released in its
+        place (:func:`finite_or_zero`), else 0.0.
     """
     bound = check_positive_finite("clip", clip)
     sigma = check_nonnegative_finite("noise_multiplier", noise_multiplier)
     shares = check_int("noise_shares", noise_shares, minimum=1)
-    clipped, norm = clip_update(update, bound)
+    finite, zeroed = finite_or_zero(_check_arrays(update))
+    clipped, norm = clip_update(finite, bound)
     std = sigma * bound / math.sqrt(shares)
     noise = gaussian_noise_like(clipped, std, rng)
     noisy = [(c + n).astype(c.dtype) for c, n in zip(clipped, noise, strict=True)]
@@ -212,6 +234,7 @@ def privatize_update(
         UPDATE_NORM: norm,
         CLIPPED: 1.0 if norm > bound else 0.0,
         NOISE_STD: std,
+        NON_FINITE: 1.0 if zeroed else 0.0,
     }
     return noisy, diagnostics
 

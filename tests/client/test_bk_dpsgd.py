@@ -210,3 +210,23 @@ def test_a_seeded_source_gives_the_same_noise_and_batches_as_opacus(name, before
     close = max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True))
     apart = max(float(np.abs(a - b).max()) for a, b in zip(ours, other, strict=True))
     assert close < 1e-5 < 1e-2 < apart, (close, apart)
+
+
+def test_an_example_whose_gradient_overflows_contributes_zero_not_nan():
+    """A record on which the model overflows (an input of inf here; a crafted model in an attack) must not
+    turn the step into NaN, which would release a data-dependent bit: its clipped gradient is 0, so the
+    step equals the same batch without it (two computations, the same expected batch size)."""
+    model = build_model("cnn", input_shape=(1, 28, 28), num_classes=10, seed=1).to(torch.float64)
+    model.eval()
+    x, y = _inputs((1, 28, 28), torch.float64)
+    x[2, 0, 5, 5] = float("inf")
+    for p in model.parameters():
+        p.grad = None
+    stepper = BookKeepingDPSGD(model, clip=1.0, noise_multiplier=0.0, expected_batch_size=BATCH,
+                               noise=OSEntropyNoise())
+    stepper.batch_gradients(x, y)  # the mean loss is NaN: a training metric, not released unless opted in
+    ours = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    keep = torch.arange(BATCH) != 2
+    without = _bk(model, x[keep], y[keep], clip=1.0, expected=BATCH)
+    assert all(torch.isfinite(g).all() for g in ours)
+    _assert_equal_to_1e6(ours, without, torch.float64)

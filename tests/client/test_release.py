@@ -113,3 +113,18 @@ def test_the_audits_client_releases_until_its_budget_would_be_exceeded_then_refu
     assert made == sorted(made, reverse=True) and 0 < sum(made) < len(made)  # releases, then only refusals
     assert ledger.spent() <= 4.0 and math.isfinite(ledger.spent())
     assert ledger.releases_in_run(1) == sum(made)
+
+
+def test_training_that_diverges_is_released_and_charged_not_refused():
+    """A refusal would tell whoever sees the reply that the client's data made training diverge (a bit
+    outside every charge); the round releases the zero update under the same noise and charges it."""
+    ledger = PrivacyLedger(8.0, 1e-5)
+    diverged = CanaryWork([np.zeros(4)], [np.array([1.0, np.nan, 0.0, 2.0])])
+    done = client_release(_mechanism(), ledger, run_id=1, server_round=1, work=diverged,
+                          noise=noise_source("seeded", 3))
+    assert done is not None
+    upload, release = done
+    zero = CanaryWork([np.zeros(4)], [np.zeros(4)])
+    expected = _mechanism().run(zero, release, noise_source("seeded", 3))
+    assert np.array_equal(upload.arrays[0], expected.arrays[0]) and np.isfinite(upload.arrays[0]).all()
+    assert ledger.history and ledger.spent() > 0

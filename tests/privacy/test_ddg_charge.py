@@ -225,3 +225,22 @@ def test_a_group_share_refuses_a_sum_changed_mid_run():
     with pytest.raises(ValueError, match="paid for as"):
         _group_share(sigma=1.0).plan(ledger, run_id=1)
     assert len(ledger.rounds) == 1
+
+
+def test_a_diverged_update_enters_the_sum_as_the_zero_update():
+    """As for the float Gaussian: NaN or inf in the update is not refused (a data-dependent bit) but
+    replaced by the zero update; with the same noise the member's input is the zero update's."""
+    from privacy.randomness import noise_source
+    from privet.audit_games import CanaryWork
+
+    params = ddg.ddg_parameters(clip=1.0, dim=8, bits=16, noise_multiplier=1.0, noise_shares=3, max_members=3)
+    mechanism = SecureDiscreteGaussianShare(1.0, 1.0, noise_shares=3, min_survivors=3,
+                                            ddg=DDGSum(params, b"\x01" * 32))
+    received = [np.zeros(5), np.zeros(3)]
+    diverged = CanaryWork(received, [np.full(5, np.inf), np.array([0.5, np.nan, 0.0])])
+    zero = CanaryWork(received, [np.zeros(5), np.zeros(3)])
+    release = mechanism.release(1.0)
+    sent = mechanism.run(diverged, release, noise_source("seeded", 11))
+    expected = mechanism.run(zero, release, noise_source("seeded", 11))
+    assert np.array_equal(sent.arrays[0], expected.arrays[0])
+    assert sent.metrics["non-finite-update"] == 1.0 and expected.metrics["non-finite-update"] == 0.0

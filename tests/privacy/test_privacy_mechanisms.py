@@ -10,6 +10,7 @@ import pytest
 from privacy.mechanisms.gaussian import (
     CLIPPED,
     NOISE_STD,
+    NON_FINITE,
     UPDATE_NORM,
     clip_update,
     gaussian_noise_like,
@@ -131,7 +132,7 @@ def test_privatize_noise_is_sigma_c_over_sqrt_m(shares: int) -> None:
         rng=np.random.default_rng(3),
     )
     expected = sigma * clip / math.sqrt(shares)
-    assert diag == {UPDATE_NORM: 10.0, CLIPPED: 1.0, NOISE_STD: pytest.approx(expected)}
+    assert diag == {UPDATE_NORM: 10.0, CLIPPED: 1.0, NOISE_STD: pytest.approx(expected), NON_FINITE: 0.0}
     assert noisy[0][1:].std() == pytest.approx(expected, rel=0.02)
     # the signal is the clipped update: noisy − noise = clip(u)
     noise = gaussian_noise_like(update, expected, np.random.default_rng(3))
@@ -181,3 +182,22 @@ def test_local_noise_multiplier() -> None:
     assert local_noise_multiplier(0.0, 9) == 0.0
     with pytest.raises(ValueError, match="noise_shares"):
         local_noise_multiplier(1.0, 0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_update_is_released_as_the_zero_update(bad: float) -> None:
+    """Training that diverges must not be told apart by a refusal: the update that holds NaN or inf is
+    replaced by the zero update (a point of the C-ball, data-independent), then noised as any other, so
+    the release is the one a zero update makes with the same noise, and the sensitivity stays 2C."""
+    rng = np.random.default_rng(4)
+    diverged = _update(rng, 1.0)
+    diverged[1][3] = bad
+    zero = [np.zeros_like(a) for a in diverged]
+    released, diag = privatize_update(diverged, clip=1.5, noise_multiplier=2.0, noise_shares=1,
+                                      rng=np.random.default_rng(9))
+    expected, zero_diag = privatize_update(zero, clip=1.5, noise_multiplier=2.0, noise_shares=1,
+                                           rng=np.random.default_rng(9))
+    assert all(np.array_equal(a, b) for a, b in zip(released, expected, strict=True))
+    assert all(np.isfinite(a).all() for a in released)
+    assert diag[NON_FINITE] == 1.0 and zero_diag[NON_FINITE] == 0.0
+    assert all(math.isfinite(v) for v in diag.values())  # a reply's metrics must be finite to be accepted
