@@ -189,6 +189,10 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+#: DP-FedAvg's server step chosen on validation (README: "the server step"); a row of its own in Tables 8-10.
+HALF_STEP: dict[str, Any] = {"gdpfed.server-step": 0.5}
+
+
 def sweep_table(name: str, rows: list[dict[str, Any]], model: str, current: bool) -> str:
     """Markdown for one of Tables 8-10 in one regime: ours (final accuracy, mean ± std over seeds) / paper."""
     title, columns, paper = SWEEPS[name]
@@ -199,12 +203,15 @@ def sweep_table(name: str, rows: list[dict[str, Any]], model: str, current: bool
     lines = [f"{what[0].upper()}{what[1:]}: n = 6000, T = 50, model `{model}`, {regime}; final accuracy (%), "
              "ours / paper; seeds in brackets.", "",
              "| Method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for method, by_column in paper.items():
+    variants = [(method, {}, METHODS[method][0]) for method in paper]
+    if current:  # DP-FedAvg at the server step chosen on validation (README), beside the paper's DP-FedAvg
+        variants.insert(1, ("dp-fedavg", HALF_STEP, "DP-FedAvg, server step 0.5"))
+    for method, base, label in variants:
         cells = []
         for column, extra in columns.items():
-            acc = list(_by_seed(rows, method, extra).values())
-            cells.append(f"{_spread(acc)} ({len(acc)}) / {by_column[column]}")
-        lines.append(f"| {METHODS[method][0]} | " + " | ".join(cells) + " |")
+            acc = list(_by_seed(rows, method, {**extra, **base}).values())
+            cells.append(f"{_spread(acc)} ({len(acc)}) / {paper[method][column]}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
