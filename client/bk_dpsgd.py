@@ -36,8 +36,8 @@ computed per layer the cheaper of two exact ways (the paper's "mixed" choice, he
 contributes the zero gradient, c_i = 0 (3'): its clipped gradient must stay a point of the C-ball
 whatever the data, or the step's sum, and the model the client releases, would be NaN exactly when
 some record makes the model overflow, a data-dependent event that no charge covers (a deviating
-server can craft weights that overflow on chosen records). Opacus' modes (``hooks``, ``ghost``) do
-not do this.
+server can craft weights that overflow on chosen records). Opacus' ``hooks`` mode gets the same
+rule in :func:`client.training.train_dpsgd`; its ``ghost`` mode does not.
 
 Same mechanism as Opacus' modes: the tests compare (4) without noise against Opacus' per-sample
 hooks for every model in :data:`tasks.models.MODELS`, and the noise is drawn from the client's

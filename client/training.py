@@ -112,6 +112,30 @@ def _private_noise(optimizer, noise: NoiseSource) -> None:
     optimizer.add_noise = add_noise
 
 
+def _finite_examples(optimizer) -> None:
+    """Make an Opacus DP optimizer give an example whose per-sample gradient is not finite the zero gradient.
+
+    Wraps the instance's ``clip_and_accumulate``: such an example's rows of every ``p.grad_sample``
+    are set to 0 first (norm 0, so it adds nothing), as book-keeping does (:mod:`client.bk_dpsgd`,
+    (3')): otherwise one record on which the model overflows makes the step NaN, a data-dependent
+    event no charge covers. Ghost clipping clips inside the loss's backward pass and is not wrapped.
+    """
+    clip_and_accumulate = optimizer.clip_and_accumulate
+
+    def finite_then_clip() -> None:
+        samples = optimizer.grad_samples
+        if samples and len(samples[0]):
+            diverged = torch.zeros(len(samples[0]), dtype=torch.bool, device=samples[0].device)
+            for g in samples:
+                diverged |= ~torch.isfinite(g.reshape(len(g), -1)).all(dim=1)
+            if bool(diverged.any()):
+                for p in optimizer.params:
+                    p.grad_sample[diverged] = 0
+        clip_and_accumulate()
+
+    optimizer.clip_and_accumulate = finite_then_clip
+
+
 def _empty_step(optimizer, ghost: bool) -> None:
     """One DP-SGD step on an empty batch: nothing to clip, the update is noise only."""
     for p in optimizer.params:
@@ -209,6 +233,8 @@ def _opacus_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x_all: tor
         dp_model, dp_optimizer, _ = private
         dp_criterion = criterion
     _private_noise(dp_optimizer, noise)
+    if grad_sample_mode != "ghost":
+        _finite_examples(dp_optimizer)
     dp_optimizer.expected_batch_size = dpsgd_expected_batch(len(x_all), batch_size)  # not int(n·q): float rounding
     ghost = grad_sample_mode == "ghost"
     dp_model.train()
