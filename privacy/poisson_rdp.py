@@ -125,7 +125,7 @@ class DDGPoissonStep(CurveStep):
 
 @lru_cache(maxsize=256)
 def _ddg_poisson_rdp(key: tuple[Any, ...], orders: tuple[int, ...]) -> tuple[float, ...]:
-    from privacy.distributed_discrete_gaussian import rdp_of_sum, sensitivities
+    from privacy.ddg_accounting import rdp_of_sum, sensitivities
 
     _, sigma_sq, norm_bound_sq, padded_dim, n_min, n_max, rate = key
 

@@ -100,7 +100,8 @@ def model_dim(model: str) -> int:
 def charged_epsilon(z: float, mode: str, accountant: str, bits: int, cfg: dict[str, Any], dim: int) -> float:
     """Each client's ε after T releases at noise multiplier z, as its ledger charges them."""
     from privacy.accountants import epsilon_of
-    from privacy.distributed_discrete_gaussian import ddg_parameters, gaussian_equivalent_multiplier
+    from privacy.ddg_accounting import gaussian_equivalent_multiplier
+    from privacy.distributed_discrete_gaussian import ddg_parameters
     from privacy.secure_sum import charged_multiplier
     from strategies.secagg_config import DEFAULT_BETA
 

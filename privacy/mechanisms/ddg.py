@@ -21,9 +21,9 @@ member recomputes and signs.
 replaced by another moves it by Δ ∈ Z^{d'} with ‖Δ‖₂ <= 2B (B enforced exactly, whatever the
 float arithmetic before the rounding did), under the sum of at least r_min independent
 N_Z(0, σ²)^{d'} shares (at most n: τ grows with the count). KLS's bound (their Theorem 1 /
-eq. 17; :func:`~privacy.distributed_discrete_gaussian.rdp_of_sum`) is a Rényi-DP curve; the
+eq. 17; :func:`~privacy.ddg_accounting.rdp_of_sum`) is a Rényi-DP curve; the
 ledger charges the Gaussian step (σ_eq, 1, 1) whose curve lies on or above it at every order
-the RDP accountant uses (:func:`~privacy.distributed_discrete_gaussian.gaussian_equivalent_multiplier`),
+the RDP accountant uses (:func:`~privacy.ddg_accounting.gaussian_equivalent_multiplier`),
 with r_min = max(the server's, the site's ``min-sum-size``), and a ledger holding such a release
 converts its whole history through RDP (:data:`privacy.ledger.RDP_ONLY_MODES`): RDP dominance
 does not imply dominance of the privacy profile, so no PLD accountant ever sees the step. The
@@ -62,7 +62,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from privacy.distributed_discrete_gaussian import DDGParameters, encode, gaussian_equivalent_multiplier
+from privacy.ddg_accounting import gaussian_equivalent_multiplier
+from privacy.distributed_discrete_gaussian import DDGParameters, encode
 from privacy.ledger import DDG_MODE, GROUP_DDG_MODE, PrivacyLedger
 from privacy.mechanisms.base import LocalWork, Mechanism, Release, Upload
 from privacy.mechanisms.gaussian import CLIPPED, NON_FINITE, UPDATE_NORM, finite_or_zero

@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from privacy import ddg_accounting
 from privacy import distributed_discrete_gaussian as ddg
 from privacy.accountants import RDP_ORDERS, epsilon_of
 from privacy.ledger import DDG_MODE, PrivacyLedger
@@ -51,7 +52,7 @@ CASES = [(Fraction(1, 2), 3, 64, 3, 5), (Fraction(2), 12, 256, 4, 9), (Fraction(
 
 @pytest.mark.parametrize("sigma_sq, bound_sq, padded, n_min, n_max", CASES)
 def test_the_gaussian_step_dominates_kls_at_every_order_and_touches_it(sigma_sq, bound_sq, padded, n_min, n_max):
-    sigma = ddg.gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
+    sigma = ddg_accounting.gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
                                                min_shares=n_min, max_shares=n_max)
     alpha = np.asarray(RDP_ORDERS)
     bound = _kls_rdp(alpha, float(sigma_sq), bound_sq, padded, n_min, n_max)
@@ -60,14 +61,14 @@ def test_the_gaussian_step_dominates_kls_at_every_order_and_touches_it(sigma_sq,
     assert np.min(gaussian / bound) == pytest.approx(1.0, rel=1e-12)  # the largest σ that dominates
     # the third term alone gives a smaller (looser) σ; the minimum over the three can only help
     third = 2 / (2 * math.sqrt(bound_sq) / math.sqrt(n_min * float(sigma_sq))
-                 + ddg.tau(sigma_sq, n_max) * math.sqrt(padded))
+                 + ddg_accounting.tau(sigma_sq, n_max) * math.sqrt(padded))
     assert sigma >= third * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("sigma_sq, bound_sq, padded, n_min, n_max", CASES)
 def test_a_ledger_of_ddg_releases_is_never_below_kls_and_equals_it_where_tau_vanishes(sigma_sq, bound_sq, padded,
                                                                                        n_min, n_max):
-    sigma = ddg.gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
+    sigma = ddg_accounting.gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
                                                min_shares=n_min, max_shares=n_max)
     ledger = PrivacyLedger(epsilon_budget=math.inf, delta=1e-5, accountant="prv")
     for r in range(3):
@@ -78,7 +79,7 @@ def test_a_ledger_of_ddg_releases_is_never_below_kls_and_equals_it_where_tau_van
     if sigma_sq >= 4:  # τ·d' below float resolution: the same curve, the same ε
         assert ledger.spent() == pytest.approx(independent, rel=1e-9)
     # phase 1's own accounting of the same releases agrees
-    assert ledger.spent() >= ddg.ddg_epsilon(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
+    assert ledger.spent() >= ddg_accounting.ddg_epsilon(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
                                              min_shares=n_min, max_shares=n_max, rounds=3, delta=1e-5) * (1 - 1e-9)
 
 
@@ -87,7 +88,7 @@ def test_a_ledger_holding_a_ddg_release_converts_its_whole_history_through_rdp()
     RDP accountant composes it; before the DDG step, the tighter PLD; and the PLD of the dominating Gaussian
     would report less, which is why it may not be used."""
     sigma_sq, bound_sq, padded, n = Fraction(4_563_048), 1_429_238, 8192, 3
-    step = ddg.gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
+    step = ddg_accounting.gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=padded,
                                               min_shares=n, max_shares=5)
     ledger = PrivacyLedger(epsilon_budget=50.0, delta=1e-5, accountant="prv")
     ledger.record_release([(1.5, 1.0, 2)], server_round=1, run_id=1, mode="update")
@@ -133,7 +134,7 @@ def test_the_projection_before_a_ddg_release_uses_rdp():
 def test_the_mechanism_charges_r_min_shares_and_tau_at_the_sums_size():
     params = ddg.ddg_parameters(clip=1.0, dim=7850, bits=12, noise_multiplier=1.0, noise_shares=5, max_members=9)
     mechanism = SecureDiscreteGaussianShare(1.0, 1.0, noise_shares=5, min_survivors=3, ddg=DDGSum(params))
-    expected = ddg.gaussian_equivalent_multiplier(local_sigma_sq=params.local_sigma_sq,
+    expected = ddg_accounting.gaussian_equivalent_multiplier(local_sigma_sq=params.local_sigma_sq,
                                                   norm_bound_sq=params.norm_bound_sq, padded_dim=params.padded_dim,
                                                   min_shares=3, max_shares=9)
     release = mechanism.release(1.0)

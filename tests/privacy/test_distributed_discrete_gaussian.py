@@ -17,6 +17,7 @@ import pytest
 from scipy import linalg, stats
 from scipy.special import logsumexp
 
+from privacy import ddg_accounting
 from privacy import distributed_discrete_gaussian as ddg
 from privacy.accountants import ADD_REMOVE, RDP_ORDERS, REPLACE_ONE
 from privacy.discrete_gaussian import discrete_gaussian
@@ -220,7 +221,7 @@ def test_the_bound_holds_for_the_exact_renyi_divergence_of_a_sum(sigma, shares):
     for shift in (1, 3):
         for alpha in (1.5, 2.0, 8.0):
             exact = _exact_renyi(sigma * sigma, shares, shift, alpha)
-            bound = float(ddg.rdp_of_sum([alpha], l2_sensitivity=shift, l1_sensitivity=shift,
+            bound = float(ddg_accounting.rdp_of_sum([alpha], l2_sensitivity=shift, l1_sensitivity=shift,
                                          local_sigma_sq=sigma * sigma, dim=1, min_shares=shares)[0])
             assert exact <= bound * (1 + 1e-9) + 1e-12, (shift, alpha, exact, bound)
             if shares == 1:  # one discrete Gaussian (τ = 0): D_α = αΔ²/(2σ²)·θ(αΔ)/θ(0) <= αΔ²/(2σ²),
@@ -253,7 +254,7 @@ def test_epsilon_is_an_upper_bound_on_the_exact_privacy_profile():
     the exact (ε, δ) of N_Z-sum + Δ vs N_Z-sum lies below the bound, and not far below."""
     sigma_sq, shares, delta = 9.0, 3, 1e-5
     norm_bound_sq = 4  # B = 2, so Δ = 4 under replace-one
-    ours = ddg.ddg_epsilon(local_sigma_sq=sigma_sq, norm_bound_sq=norm_bound_sq, padded_dim=1,
+    ours = ddg_accounting.ddg_epsilon(local_sigma_sq=sigma_sq, norm_bound_sq=norm_bound_sq, padded_dim=1,
                            min_shares=shares, rounds=1, delta=delta)
     exact = _exact_epsilon(sigma_sq, shares, 4, delta)
     assert exact <= ours <= 1.5 * exact
@@ -267,15 +268,15 @@ def test_large_sigma_approaches_the_continuous_gaussian():
 
     norm_bound_sq, padded, shares, rounds, delta = 10**8, 2**17, 10, 50, 1e-5
     sigma_sq = Fraction(4 * 10**8)  # per share; central σ = √10·2·10⁴ against Δ₂ = 2·10⁴
-    ours = ddg.ddg_epsilon(local_sigma_sq=sigma_sq, norm_bound_sq=norm_bound_sq, padded_dim=padded,
+    ours = ddg_accounting.ddg_epsilon(local_sigma_sq=sigma_sq, norm_bound_sq=norm_bound_sq, padded_dim=padded,
                            min_shares=shares, rounds=rounds, delta=delta)
-    l2, _ = ddg.sensitivities(norm_bound_sq, padded, REPLACE_ONE)
+    l2, _ = ddg_accounting.sensitivities(norm_bound_sq, padded, REPLACE_ONE)
     accountant = rdp.RdpAccountant(orders=list(RDP_ORDERS))
     multiplier = math.sqrt(shares * float(sigma_sq)) / l2
     accountant.compose(dp_accounting.GaussianDpEvent(multiplier), rounds)
     assert ours == pytest.approx(accountant.get_epsilon(delta), rel=1e-9)
     # and at a small σ the discreteness costs something: τ·d' > 0 makes ε larger than the Gaussian's
-    small = ddg.ddg_epsilon(local_sigma_sq=Fraction(1, 4), norm_bound_sq=1, padded_dim=padded,
+    small = ddg_accounting.ddg_epsilon(local_sigma_sq=Fraction(1, 4), norm_bound_sq=1, padded_dim=padded,
                             min_shares=shares, rounds=1, delta=delta)
     gaussian = rdp.RdpAccountant(orders=list(RDP_ORDERS))
     gaussian.compose(dp_accounting.GaussianDpEvent(math.sqrt(shares / 4) / 2))
@@ -285,24 +286,24 @@ def test_large_sigma_approaches_the_continuous_gaussian():
 def test_epsilon_is_monotone_in_every_knob():
     base = {"local_sigma_sq": Fraction(3), "norm_bound_sq": 40, "padded_dim": 64, "min_shares": 5,
             "rounds": 10, "delta": 1e-5}
-    eps = ddg.ddg_epsilon(**base)
-    assert ddg.ddg_epsilon(**{**base, "local_sigma_sq": Fraction(4)}) < eps
-    assert ddg.ddg_epsilon(**{**base, "rounds": 20}) > eps
-    assert ddg.ddg_epsilon(**{**base, "norm_bound_sq": 60}) > eps
-    assert ddg.ddg_epsilon(**{**base, "min_shares": 8, "max_shares": 8}) < eps
+    eps = ddg_accounting.ddg_epsilon(**base)
+    assert ddg_accounting.ddg_epsilon(**{**base, "local_sigma_sq": Fraction(4)}) < eps
+    assert ddg_accounting.ddg_epsilon(**{**base, "rounds": 20}) > eps
+    assert ddg_accounting.ddg_epsilon(**{**base, "norm_bound_sq": 60}) > eps
+    assert ddg_accounting.ddg_epsilon(**{**base, "min_shares": 8, "max_shares": 8}) < eps
     small = {**base, "local_sigma_sq": Fraction(1, 2)}  # where τ is visible: it grows with the most shares
-    assert ddg.ddg_epsilon(**{**small, "max_shares": 50}) > ddg.ddg_epsilon(**small)
-    assert ddg.ddg_epsilon(**{**base, "relation": ADD_REMOVE}) < eps
-    assert ddg.ddg_epsilon(**{**base, "rounds": 0}) == 0.0
+    assert ddg_accounting.ddg_epsilon(**{**small, "max_shares": 50}) > ddg_accounting.ddg_epsilon(**small)
+    assert ddg_accounting.ddg_epsilon(**{**base, "relation": ADD_REMOVE}) < eps
+    assert ddg_accounting.ddg_epsilon(**{**base, "rounds": 0}) == 0.0
 
 
 def test_a_range_of_shares_is_bounded_by_its_ends():
     """Eq. (1) at n_min with τ(n_max) is above eq. (1) at every n in between."""
     orders = np.array([1.5, 4.0, 32.0])
     common = {"l2_sensitivity": 3.0, "l1_sensitivity": 9.0, "local_sigma_sq": 0.6, "dim": 8}
-    envelope = ddg.rdp_of_sum(orders, min_shares=3, max_shares=9, **common)
+    envelope = ddg_accounting.rdp_of_sum(orders, min_shares=3, max_shares=9, **common)
     for n in range(3, 10):
-        assert np.all(ddg.rdp_of_sum(orders, min_shares=n, **common) <= envelope)
+        assert np.all(ddg_accounting.rdp_of_sum(orders, min_shares=n, **common) <= envelope)
 
 
 def test_subsampling_bound_lies_between_the_exact_gaussian_and_no_sampling():
@@ -314,34 +315,34 @@ def test_subsampling_bound_lies_between_the_exact_gaussian_and_no_sampling():
     sigma_sq, norm_bound_sq, q, rounds, delta = Fraction(100), 100, 0.05, 200, 1e-5  # multiplier 1
     kw = {"local_sigma_sq": sigma_sq, "norm_bound_sq": norm_bound_sq, "padded_dim": 1, "min_shares": 1,
           "rounds": rounds, "delta": delta, "relation": ADD_REMOVE}
-    ours = ddg.ddg_epsilon(sample_rate=q, **kw)
-    exact = rdp.RdpAccountant(orders=list(ddg.SUBSAMPLED_ORDERS))
+    ours = ddg_accounting.ddg_epsilon(sample_rate=q, **kw)
+    exact = rdp.RdpAccountant(orders=list(ddg_accounting.SUBSAMPLED_ORDERS))
     exact.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), rounds)
-    assert exact.get_epsilon(delta) <= ours < ddg.ddg_epsilon(sample_rate=1.0, **kw)
+    assert exact.get_epsilon(delta) <= ours < ddg_accounting.ddg_epsilon(sample_rate=1.0, **kw)
     assert ours < 1.5 * exact.get_epsilon(delta)  # the factor 3 costs little at these orders
     with pytest.raises(ValueError, match="add-remove"):
-        ddg.ddg_epsilon(**{**kw, "relation": REPLACE_ONE, "sample_rate": q})
+        ddg_accounting.ddg_epsilon(**{**kw, "relation": REPLACE_ONE, "sample_rate": q})
 
 
 def test_smallest_sigma_reaches_the_target_and_one_less_does_not():
     kw = {"delta": 1e-5, "rounds": 30, "norm_bound_sq": 10**6, "padded_dim": 2**10, "min_shares": 20}
-    sigma_sq = ddg.smallest_local_sigma_sq(epsilon=4.0, **kw)
+    sigma_sq = ddg_accounting.smallest_local_sigma_sq(epsilon=4.0, **kw)
     assert sigma_sq.denominator == 1
-    assert ddg.ddg_epsilon(local_sigma_sq=sigma_sq, **kw) <= 4.0 < ddg.ddg_epsilon(local_sigma_sq=sigma_sq - 1, **kw)
-    assert ddg.smallest_local_sigma_sq(epsilon=8.0, **kw) < sigma_sq
+    assert ddg_accounting.ddg_epsilon(local_sigma_sq=sigma_sq, **kw) <= 4.0 < ddg_accounting.ddg_epsilon(local_sigma_sq=sigma_sq - 1, **kw)
+    assert ddg_accounting.smallest_local_sigma_sq(epsilon=8.0, **kw) < sigma_sq
 
 
 def test_accounting_refuses_what_the_theorem_does_not_cover():
     with pytest.raises(ValueError, match="sigma >= 1/2"):
-        ddg.rdp_of_sum([2.0], l2_sensitivity=1, l1_sensitivity=1, local_sigma_sq=0.2, dim=1, min_shares=2)
+        ddg_accounting.rdp_of_sum([2.0], l2_sensitivity=1, l1_sensitivity=1, local_sigma_sq=0.2, dim=1, min_shares=2)
     with pytest.raises(ValueError, match="relation"):
-        ddg.sensitivities(10, 8, "nearby")
+        ddg_accounting.sensitivities(10, 8, "nearby")
     with pytest.raises(ValueError, match="integer orders"):
         poisson_subsampled_rdp([1.5], lambda a: a, 0.5)  # the subsampled bound ddg_epsilon uses
 
 
 def test_tau_is_zero_for_one_share_and_grows_with_shares():
-    assert ddg.tau(0.25, 1) == 0.0
-    values = [ddg.tau(0.5, n) for n in (2, 5, 50)]
+    assert ddg_accounting.tau(0.25, 1) == 0.0
+    values = [ddg_accounting.tau(0.5, n) for n in (2, 5, 50)]
     assert 0 < values[0] < values[1] < values[2]
-    assert ddg.tau(25.0, 1000) < 1e-100  # σ = 5: 10·Σ e^{−2π²·25·k/(k+1)} ≈ 7·10⁻¹⁰⁷
+    assert ddg_accounting.tau(25.0, 1000) < 1e-100  # σ = 5: 10·Σ e^{−2π²·25·k/(k+1)} ≈ 7·10⁻¹⁰⁷

@@ -17,7 +17,7 @@ import pytest
 
 from privacy.accountants import epsilon_of
 from privacy.centroid_noise import rigorous_noise_multiplier
-from privacy.distributed_discrete_gaussian import ddg_epsilon
+from privacy.ddg_accounting import ddg_epsilon
 from privacy.mechanism_audit import AuditResult, assess
 from privacy.mechanisms import DPSGD, CentroidRelease, DDGSum, Mechanism, SecureDiscreteGaussianShare
 from privet.audit_cmd import audit

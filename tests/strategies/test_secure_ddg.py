@@ -298,7 +298,7 @@ def test_eight_bits_leave_too_little_noise_and_every_client_refuses_uncharged(ru
 
 def test_sigma_equivalence_is_exact_for_large_noise():
     """For σ² >= 4 the charge is the Gaussian's √n·σ/B at sensitivity 2B (τ vanishes)."""
-    from privacy.distributed_discrete_gaussian import gaussian_equivalent_multiplier
+    from privacy.ddg_accounting import gaussian_equivalent_multiplier
 
     sigma_sq, bound_sq = Fraction(4_563_048), 1_429_238
     got = gaussian_equivalent_multiplier(local_sigma_sq=sigma_sq, norm_bound_sq=bound_sq, padded_dim=8192,
