@@ -108,6 +108,7 @@ EVAL_LOSS: Final = "eval-loss"
 EVAL_ACCURACY: Final = "eval-accuracy"
 UPDATE_NORM: Final = "update-norm"
 CLIPPED: Final = "clipped"
+NON_FINITE_UPDATE: Final = "non-finite-update"  # 1: training diverged, the zero update was released in its place
 LOCAL_STEPS: Final = "local-steps"
 SAMPLE_RATE: Final = "sample-rate"
 TRAIN_SECONDS: Final = "train-seconds"
@@ -120,7 +121,7 @@ MAX_EPSILON_SPENT: Final = "max-epsilon-spent"
 MEAN_EPSILON_SPENT: Final = "mean-epsilon-spent"
 #: Data-dependent metrics a train reply carries only where the client's operator opts in
 #: (``report-train-metrics``): not covered by the client's ε.
-UNCOVERED_TRAIN_METRICS: Final = (TRAIN_LOSS, TRAIN_SECONDS, UPDATE_NORM, CLIPPED, "head-train-loss")
+UNCOVERED_TRAIN_METRICS: Final = (TRAIN_LOSS, TRAIN_SECONDS, UPDATE_NORM, CLIPPED, NON_FINITE_UPDATE, "head-train-loss")
 
 # --- node-config keys a SuperNode operator sets (``--node-config "k=v ..."``) --------
 NODE_PARTITION_ID: Final = "partition-id"

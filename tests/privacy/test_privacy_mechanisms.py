@@ -201,3 +201,11 @@ def test_a_non_finite_update_is_released_as_the_zero_update(bad: float) -> None:
     assert all(np.isfinite(a).all() for a in released)
     assert diag[NON_FINITE] == 1.0 and zero_diag[NON_FINITE] == 0.0
     assert all(math.isfinite(v) for v in diag.values())  # a reply's metrics must be finite to be accepted
+
+
+def test_the_diagnostics_are_the_wire_keys_the_reply_carries() -> None:
+    """privacy/ sits below protocol/ and cannot import its keys: the two spellings must agree."""
+    from protocol import keys
+
+    assert (UPDATE_NORM, CLIPPED, NON_FINITE) == (keys.UPDATE_NORM, keys.CLIPPED, keys.NON_FINITE_UPDATE)
+    assert {UPDATE_NORM, CLIPPED, NON_FINITE} <= set(keys.UNCOVERED_TRAIN_METRICS)
