@@ -203,7 +203,7 @@ def sweep_table(name: str, rows: list[dict[str, Any]], model: str, current: bool
     lines = [f"{what[0].upper()}{what[1:]}: n = 6000, T = 50, model `{model}`, {regime}; final accuracy (%), "
              "ours / paper; seeds in brackets.", "",
              "| Method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    variants = [(method, {}, METHODS[method][0]) for method in paper]
+    variants: list[tuple[str, dict[str, Any], str]] = [(method, {}, METHODS[method][0]) for method in paper]
     if current:  # DP-FedAvg at the server step chosen on validation (README), beside the paper's DP-FedAvg
         variants.insert(1, ("dp-fedavg", HALF_STEP, "DP-FedAvg, server step 0.5"))
     for method, base, label in variants:
